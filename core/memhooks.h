@@ -1,0 +1,52 @@
+// Memory-release hooks: tell zsock when memory goes away.
+//
+// Registered memory must not outlive its mapping: a peer holding a remote key
+// to freed or unmapped memory must be refused, and a cached registration
+// must not be reused for a new mapping at the same address. Linux offers no
+// cheap notification for this, so zsock interposes the calls that release
+// memory, as UCX's ucm does: free, realloc (when it moves), munmap, mremap,
+// madvise(MADV_DONTNEED/MADV_FREE/MADV_REMOVE) and shmdt. Each interposer
+// reports the released range to the registered handlers *before* the memory
+// is released, then chains to the next definition (libc, or a sanitizer's
+// interceptor) via dlsym(RTLD_NEXT).
+//
+// The fast path costs one relaxed atomic load while no handler is installed.
+// Handlers run in the releasing thread, must not allocate, and must tolerate
+// being called for ranges they do not cover. Set ZSOCK_MEMHOOKS=off to
+// disable the interposers (then callers must call
+// RegistrationCache::Invalidate themselves before releasing memory).
+#ifndef ZSOCK_CORE_MEMHOOKS_H_
+#define ZSOCK_CORE_MEMHOOKS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zsock {
+
+using MemoryReleaseHandler = void (*)(void* arg, uintptr_t addr, size_t len);
+
+// Installs a handler; returns its id (>= 0), or -1 when the table is full
+// (64 handlers).
+int AddMemoryReleaseHandler(MemoryReleaseHandler fn, void* arg);
+void RemoveMemoryReleaseHandler(int id);
+
+// Whether the interposers are active in this process (they are unless
+// ZSOCK_MEMHOOKS=off, or the binary was linked without them).
+bool MemoryHooksActive();
+
+// Reports a release to all handlers (what the interposers call).
+void NotifyMemoryReleased(const void* addr, size_t len);
+
+// While alive, releases by this thread are not reported (used by zsock's own
+// code paths that free memory while holding cache locks).
+class ScopedMemoryHookBypass {
+ public:
+  ScopedMemoryHookBypass();
+  ~ScopedMemoryHookBypass();
+  ScopedMemoryHookBypass(const ScopedMemoryHookBypass&) = delete;
+  ScopedMemoryHookBypass& operator=(const ScopedMemoryHookBypass&) = delete;
+};
+
+}  // namespace zsock
+
+#endif  // ZSOCK_CORE_MEMHOOKS_H_
