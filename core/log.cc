@@ -27,7 +27,7 @@ const char* LevelName(LogLevel level) {
 
 }  // namespace
 
-bool ParseLogLevel(std::string_view text, LogLevel* out) {
+bool ParseLogLevel(absl::string_view text, LogLevel* out) {
   std::string t = absl::AsciiStrToLower(text);
   if (t == "error") *out = LogLevel::kError;
   else if (t == "warn" || t == "warning") *out = LogLevel::kWarn;
@@ -58,7 +58,7 @@ void SetLogLevel(LogLevel level) {
   g_level.store(static_cast<int>(level), std::memory_order_relaxed);
 }
 
-void LogLine(LogLevel level, std::source_location loc, std::string_view msg) {
+void LogLine(LogLevel level, std::source_location loc, absl::string_view msg) {
   const char* file = loc.file_name();
   if (const char* slash = std::strrchr(file, '/'); slash != nullptr) file = slash + 1;
   // One fprintf per record so concurrent lines do not interleave.

@@ -5,7 +5,7 @@
 #define ZSOCK_CORE_LOG_H_
 
 #include <source_location>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/strings/str_format.h"
 
@@ -16,9 +16,9 @@ enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace = 4 }
 // Current threshold; read once from ZSOCK_LOG_LEVEL (or the config file).
 LogLevel CurrentLogLevel();
 void SetLogLevel(LogLevel level);
-bool ParseLogLevel(std::string_view text, LogLevel* out);
+bool ParseLogLevel(absl::string_view text, LogLevel* out);
 
-void LogLine(LogLevel level, std::source_location loc, std::string_view msg);
+void LogLine(LogLevel level, std::source_location loc, absl::string_view msg);
 
 }  // namespace zsock
 

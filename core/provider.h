@@ -27,7 +27,7 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -41,11 +41,12 @@ namespace zsock {
 class CompletionQueue;
 class Endpoint;
 class Emulation;
+class Fabric;
 class RegistrationCache;
 
 // How an operation is provided.
 enum class Support { kNone, kEmulated, kNative };
-std::string_view SupportName(Support s);
+absl::string_view SupportName(Support s);
 
 // What a fabric (and, per endpoint, a connection) can do.
 struct Capabilities {
@@ -85,7 +86,7 @@ struct RemoteKey {
   std::vector<uint8_t> blob;  // provider-specific, at most kMaxBlob bytes
 
   std::string Serialize() const;
-  static absl::StatusOr<RemoteKey> Parse(std::string_view bytes);
+  static absl::StatusOr<RemoteKey> Parse(absl::string_view bytes);
 };
 
 // One registration of [addr, addr + length) with a provider. Destroying it
@@ -124,7 +125,7 @@ enum class OpType : uint8_t {
   kFetchAdd,
   kCompareSwap,
 };
-std::string_view OpTypeName(OpType op);
+absl::string_view OpTypeName(OpType op);
 
 // One finished operation. `status` is OK or says why it failed (a dead peer,
 // a bad remote key, truncation, ...).
@@ -191,11 +192,12 @@ struct EndpointInfo {
 // A reliable, connected, in-order endpoint.
 class Endpoint {
  public:
-  explicit Endpoint(CompletionQueue* cq);
+  Endpoint(Fabric* fabric, CompletionQueue* cq);
   virtual ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
+  Fabric* fabric() const { return fabric_; }
   CompletionQueue* cq() const { return cq_; }
   virtual const EndpointInfo& info() const = 0;
 
@@ -239,6 +241,7 @@ class Endpoint {
   void FailEmulated(const absl::Status& why);
 
  private:
+  Fabric* fabric_;
   CompletionQueue* cq_;
   std::unique_ptr<Emulation> emulation_;
   friend class Emulation;
@@ -267,7 +270,7 @@ class Fabric {
 
   // Opens a fabric from a config string "provider[:spec][?key=value&...]",
   // e.g. "unet", "unet?cma=off", "ofi:tcp;ofi_rxm", "ucx:posix,cma".
-  static absl::StatusOr<std::unique_ptr<Fabric>> Open(std::string_view config);
+  static absl::StatusOr<std::unique_ptr<Fabric>> Open(absl::string_view config);
 
   virtual const Capabilities& caps() const = 0;
 
@@ -281,10 +284,10 @@ class Fabric {
   virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() = 0;
   // Listens on `address` (provider syntax; "" picks a free one).
   virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(
-      std::string_view address) = 0;
+      absl::string_view address) = 0;
   // Connects to a listener; blocks up to `timeout`.
   virtual absl::StatusOr<std::unique_ptr<Endpoint>> Connect(
-      std::string_view address, CompletionQueue* cq,
+      absl::string_view address, CompletionQueue* cq,
       absl::Duration timeout) = 0;
 
   // For core emulation on the target side: checks that [addr, addr + len)
@@ -309,7 +312,7 @@ struct FabricSpec {
   std::map<std::string, std::string> options;
   std::string ToString() const;
 };
-absl::StatusOr<FabricSpec> ParseFabricSpec(std::string_view config);
+absl::StatusOr<FabricSpec> ParseFabricSpec(absl::string_view config);
 
 struct ProviderInfo {
   std::string name;

@@ -68,7 +68,7 @@ int ErrnoForCode(absl::StatusCode code) {
 }  // namespace
 
 absl::Status MakeError(absl::StatusCode code, int sys_errno,
-                       std::string_view what, std::string_view fix,
+                       absl::string_view what, absl::string_view fix,
                        std::source_location loc) {
   std::string msg(what);
   if (sys_errno != 0) absl::StrAppend(&msg, ": ", std::strerror(sys_errno));
@@ -83,8 +83,8 @@ absl::Status MakeError(absl::StatusCode code, int sys_errno,
   return status;
 }
 
-absl::Status ErrnoError(int sys_errno, std::string_view what,
-                        std::string_view fix, std::source_location loc) {
+absl::Status ErrnoError(int sys_errno, absl::string_view what,
+                        absl::string_view fix, std::source_location loc) {
   return MakeError(CodeForErrno(sys_errno), sys_errno, what, fix, loc);
 }
 

@@ -10,7 +10,7 @@
 #define ZSOCK_CORE_STATUS_H_
 
 #include <source_location>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,13 +20,13 @@ namespace zsock {
 // Builds an error with `code`, a message "what[: strerror(sys_errno)][; fix: fix]"
 // and `sys_errno` attached (0 = none).
 absl::Status MakeError(absl::StatusCode code, int sys_errno,
-                       std::string_view what, std::string_view fix = {},
+                       absl::string_view what, absl::string_view fix = {},
                        std::source_location loc = std::source_location::current());
 
 // Like MakeError, with the status code derived from `sys_errno`
 // (EAGAIN -> Unavailable, ENOMEM -> ResourceExhausted, EPERM -> PermissionDenied, ...).
-absl::Status ErrnoError(int sys_errno, std::string_view what,
-                        std::string_view fix = {},
+absl::Status ErrnoError(int sys_errno, absl::string_view what,
+                        absl::string_view fix = {},
                         std::source_location loc = std::source_location::current());
 
 // The errno carried by `status`; for statuses without one, a best mapping of

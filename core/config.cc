@@ -1,0 +1,246 @@
+#include "core/config.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
+
+extern char** environ;
+
+namespace zsock {
+
+const std::vector<ConfigKeyInfo>& ConfigKeys() {
+  static const auto* keys = new std::vector<ConfigKeyInfo>{
+      {"provider", ConfigType::kString, "unet",
+       "fabric opened by default: provider[:spec][?key=value&...], e.g. unet, "
+       "ofi:tcp;ofi_rxm, ucx:posix,cma"},
+      {"log_level", ConfigType::kEnum, "warn", "logging threshold",
+       {"error", "warn", "info", "debug", "trace"}},
+      {"spin_us", ConfigType::kInt, "20",
+       "how long a blocking wait polls before it sleeps on the CQ fd (us)", {}, 0,
+       1000000},
+      {"rcache_max_bytes", ConfigType::kSize, "1G",
+       "registration cache: most bytes kept registered while unused", {}, 0},
+      {"rcache_max_entries", ConfigType::kInt, "4096",
+       "registration cache: most unused registrations kept", {}, 0, 1 << 24},
+      {"memhooks", ConfigType::kBool, "on",
+       "intercept free/munmap/... to invalidate registrations (read from "
+       "ZSOCK_MEMHOOKS at start-up only)"},
+      {"connect_timeout_ms", ConfigType::kInt, "10000",
+       "default connect/accept handshake timeout (ms)", {}, 1, 3600000},
+      {"unet_ring_entries", ConfigType::kInt, "256",
+       "unet: descriptors per receive ring (power of two)", {}, 8, 65536},
+      {"unet_buffer_size", ConfigType::kSize, "32K",
+       "unet: size of one communication-segment buffer", {}, 4096, 16 << 20},
+      {"unet_buffers", ConfigType::kInt, "64",
+       "unet: buffers per communication segment (power of two)", {}, 8, 65536},
+      {"unet_cma", ConfigType::kEnum, "auto",
+       "unet: cross-memory attach for RDMA read/write: auto (probe at connect), "
+       "off (always copy through the segment)",
+       {"auto", "off"}},
+      {"unet_max_registrations", ConfigType::kInt, "4096",
+       "unet: size of the registration key table", {}, 16, 1 << 20},
+  };
+  return *keys;
+}
+
+namespace {
+
+const ConfigKeyInfo* FindKey(absl::string_view name) {
+  for (const auto& k : ConfigKeys()) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
+}
+
+std::string KnownKeys() {
+  std::vector<absl::string_view> names;
+  for (const auto& k : ConfigKeys()) names.push_back(k.name);
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> Config::ParseNumber(absl::string_view key,
+                                            absl::string_view value) {
+  std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  int64_t mult = 1;
+  if (!v.empty()) {
+    char last = v.back();
+    if (last == 'k') mult = int64_t{1} << 10;
+    if (last == 'm') mult = int64_t{1} << 20;
+    if (last == 'g') mult = int64_t{1} << 30;
+    if (mult != 1) v.pop_back();
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(v, &n) || n > INT64_MAX / mult) {
+    return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                     absl::StrCat("config ", key, "=", value, " is not a number"),
+                     "give an integer, optionally with K, M or G");
+  }
+  return n * mult;
+}
+
+absl::StatusOr<bool> Config::ParseBool(absl::string_view key, absl::string_view value) {
+  std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (v == "1" || v == "on" || v == "yes" || v == "true") return true;
+  if (v == "0" || v == "off" || v == "no" || v == "false") return false;
+  return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                   absl::StrCat("config ", key, "=", value, " is not a boolean"),
+                   "use on/off, yes/no, true/false or 1/0");
+}
+
+absl::Status Config::Validate(absl::string_view key, absl::string_view value,
+                              absl::string_view source) {
+  const ConfigKeyInfo* info = FindKey(key);
+  if (info == nullptr) {
+    return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                     absl::StrCat("unknown config key '", key, "' (from ", source, ")"),
+                     absl::StrCat("known keys: ", KnownKeys()));
+  }
+  switch (info->type) {
+    case ConfigType::kString:
+      return absl::OkStatus();
+    case ConfigType::kBool:
+      return ParseBool(key, value).status();
+    case ConfigType::kEnum: {
+      std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+      for (auto c : info->choices) {
+        if (c == v) return absl::OkStatus();
+      }
+      return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                       absl::StrCat("config ", key, "=", value, " (from ", source,
+                                    ") is not accepted"),
+                       absl::StrCat("use one of: ", absl::StrJoin(info->choices, ", ")));
+    }
+    case ConfigType::kInt:
+    case ConfigType::kSize: {
+      auto n = ParseNumber(key, value);
+      if (!n.ok()) return n.status();
+      if (*n < info->min || *n > info->max) {
+        return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                         absl::StrCat("config ", key, "=", value, " (from ", source,
+                                      ") is out of range"),
+                         absl::StrCat("use a value from ", info->min, " to ", info->max));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Config> Config::Load(const std::map<std::string, std::string>& env,
+                                    const std::string* file) {
+  Config config;
+  for (const auto& k : ConfigKeys()) {
+    config.values_[std::string(k.name)] = {std::string(k.default_value), "default"};
+  }
+  std::string path;
+  bool explicit_file = false;
+  if (file != nullptr) {
+    path = *file;
+    explicit_file = !path.empty();
+  } else if (auto it = env.find("ZSOCK_CONFIG"); it != env.end()) {
+    path = it->second;
+    explicit_file = true;
+  } else if (access("/etc/zsock/zsock.conf", R_OK) == 0) {
+    path = "/etc/zsock/zsock.conf";
+  }
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) {
+      if (explicit_file) {
+        return ErrnoError(errno, absl::StrCat("cannot read config file ", path),
+                          "fix ZSOCK_CONFIG or create the file");
+      }
+    } else {
+      std::string line;
+      int lineno = 0;
+      while (std::getline(in, line)) {
+        ++lineno;
+        absl::string_view text = line;
+        if (auto hash = text.find('#'); hash != absl::string_view::npos) {
+          text = text.substr(0, hash);
+        }
+        text = absl::StripAsciiWhitespace(text);
+        if (text.empty()) continue;
+        std::string source = absl::StrCat(path, ":", lineno);
+        auto eq = text.find('=');
+        if (eq == absl::string_view::npos) {
+          return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                           absl::StrCat(source, ": expected 'key = value', got '", text, "'"),
+                           "fix the line or remove it");
+        }
+        std::string key = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text.substr(0, eq)));
+        std::string value(absl::StripAsciiWhitespace(text.substr(eq + 1)));
+        if (auto st = Validate(key, value, source); !st.ok()) return st;
+        config.values_[key] = {value, source};
+      }
+    }
+  }
+  for (const auto& [name, value] : env) {
+    if (!absl::StartsWith(name, "ZSOCK_") || name == "ZSOCK_CONFIG") continue;
+    std::string key = absl::AsciiStrToLower(name.substr(6));
+    if (FindKey(key) == nullptr) {
+      // Other ZSOCK_* variables may belong to tools (ZSOCK_TEST_*, ...): only
+      // warn-free skip for those, reject near misses of real keys.
+      if (absl::StartsWith(key, "test_") || absl::StartsWith(key, "bench_")) continue;
+      return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                       absl::StrCat("unknown environment variable ", name),
+                       absl::StrCat("unset it; known variables are ZSOCK_CONFIG and ZSOCK_<KEY> for keys: ",
+                                    KnownKeys()));
+    }
+    std::string source = absl::StrCat("env ", name);
+    if (auto st = Validate(key, value, source); !st.ok()) return st;
+    config.values_[key] = {value, source};
+  }
+  return config;
+}
+
+std::map<std::string, std::string> ZsockEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    absl::string_view kv(*e);
+    if (!absl::StartsWith(kv, "ZSOCK_")) continue;
+    auto eq = kv.find('=');
+    if (eq == absl::string_view::npos) continue;
+    env[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+  }
+  return env;
+}
+
+const absl::StatusOr<Config>& Config::Global() {
+  static const auto* global = new absl::StatusOr<Config>(Load(ZsockEnvironment()));
+  return *global;
+}
+
+const ConfigValue& Config::Get(absl::string_view key) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) {
+    static const ConfigValue kEmpty{"", "unknown"};
+    return kEmpty;
+  }
+  return it->second;
+}
+
+std::string Config::GetString(absl::string_view key) const { return Get(key).value; }
+
+int64_t Config::GetInt(absl::string_view key) const {
+  auto n = ParseNumber(key, Get(key).value);
+  return n.ok() ? *n : 0;
+}
+
+bool Config::GetBool(absl::string_view key) const {
+  auto b = ParseBool(key, Get(key).value);
+  return b.ok() && *b;
+}
+
+}  // namespace zsock

@@ -1,0 +1,75 @@
+// zsock configuration: built-in defaults, then a config file, then ZSOCK_*
+// environment variables (later wins). Every value remembers where it came
+// from, for `zsock_info --config`.
+//
+// The file is ZSOCK_CONFIG if set, else /etc/zsock/zsock.conf if it exists.
+// Format: one `key = value` per line, `#` starts a comment. The environment
+// variable for key `foo_bar` is ZSOCK_FOO_BAR. Unknown keys and malformed
+// values are errors that name the key, the source and the accepted values.
+// The keys are documented in docs/configuration.md and by Describe().
+#ifndef ZSOCK_CORE_CONFIG_H_
+#define ZSOCK_CORE_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace zsock {
+
+enum class ConfigType { kString, kInt, kSize, kBool, kEnum };
+
+struct ConfigKeyInfo {
+  absl::string_view name;
+  ConfigType type;
+  absl::string_view default_value;
+  absl::string_view help;
+  std::vector<absl::string_view> choices;  // for kEnum
+  int64_t min = 0;                        // for kInt / kSize
+  int64_t max = INT64_MAX;
+};
+
+// Every key zsock knows.
+const std::vector<ConfigKeyInfo>& ConfigKeys();
+
+struct ConfigValue {
+  std::string value;
+  std::string source;  // "default", "/etc/zsock/zsock.conf:3", "env ZSOCK_X"
+};
+
+class Config {
+ public:
+  // Loads defaults, file and environment. `env` maps variable names to
+  // values (tests pass their own); `file` overrides the file choice when set.
+  static absl::StatusOr<Config> Load(const std::map<std::string, std::string>& env,
+                                     const std::string* file = nullptr);
+  // The process-wide configuration, loaded once from the real environment.
+  static const absl::StatusOr<Config>& Global();
+
+  // Typed getters for known keys (the value was validated at load).
+  std::string GetString(absl::string_view key) const;
+  int64_t GetInt(absl::string_view key) const;  // also kSize, in bytes
+  bool GetBool(absl::string_view key) const;
+  const ConfigValue& Get(absl::string_view key) const;
+  const std::map<std::string, ConfigValue, std::less<>>& values() const { return values_; }
+
+  // Validates `value` for `key` and parses it; used by providers for options
+  // given in the fabric string (e.g. "unet?cma=off").
+  static absl::StatusOr<int64_t> ParseNumber(absl::string_view key, absl::string_view value);
+  static absl::StatusOr<bool> ParseBool(absl::string_view key, absl::string_view value);
+  static absl::Status Validate(absl::string_view key, absl::string_view value,
+                               absl::string_view source);
+
+ private:
+  std::map<std::string, ConfigValue, std::less<>> values_;
+};
+
+// The real process environment as a map (ZSOCK_* entries only).
+std::map<std::string, std::string> ZsockEnvironment();
+
+}  // namespace zsock
+
+#endif  // ZSOCK_CORE_CONFIG_H_

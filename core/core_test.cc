@@ -1,0 +1,138 @@
+// Unit tests for core pieces that need no provider: config loading and
+// validation, config strings, remote-key encoding, status/errno mapping.
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+
+#include "core/config.h"
+#include "core/provider.h"
+#include "core/status.h"
+#include "gtest/gtest.h"
+
+namespace zsock {
+namespace {
+
+std::string TempFile(const std::string& text) {
+  char path[] = "/tmp/zsock_conf_XXXXXX";
+  int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Config, DefaultsFileThenEnvironmentWithSources) {
+  std::string file = TempFile("# comment\nprovider = unet?cma=off\nspin_us=50 # trailing\n");
+  auto config = Config::Load({{"ZSOCK_SPIN_US", "7"}}, &file);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->GetString("provider"), "unet?cma=off");
+  EXPECT_EQ(config->Get("provider").source, file + ":2");
+  EXPECT_EQ(config->GetInt("spin_us"), 7);
+  EXPECT_EQ(config->Get("spin_us").source, "env ZSOCK_SPIN_US");
+  EXPECT_EQ(config->Get("log_level").source, "default");
+  std::remove(file.c_str());
+}
+
+TEST(Config, SizesAndBooleans) {
+  auto config = Config::Load({{"ZSOCK_RCACHE_MAX_BYTES", "3M"}, {"ZSOCK_MEMHOOKS", "off"}}, nullptr);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->GetInt("rcache_max_bytes"), 3 << 20);
+  EXPECT_FALSE(config->GetBool("memhooks"));
+}
+
+TEST(Config, UnknownKeyNamesKeyAndSourceAndListsKnownOnes) {
+  std::string file = TempFile("provder = unet\n");
+  auto config = Config::Load({}, &file);
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("provder"), absl::string_view::npos);
+  EXPECT_NE(config.status().message().find(file + ":1"), absl::string_view::npos);
+  EXPECT_NE(config.status().message().find("known keys: provider"), absl::string_view::npos);
+  std::remove(file.c_str());
+}
+
+TEST(Config, BadValuesAreRejectedWithTheFix) {
+  auto bad_enum = Config::Load({{"ZSOCK_LOG_LEVEL", "loud"}}, nullptr);
+  ASSERT_FALSE(bad_enum.ok());
+  EXPECT_NE(bad_enum.status().message().find("use one of: error, warn"), absl::string_view::npos);
+  auto bad_number = Config::Load({{"ZSOCK_SPIN_US", "fast"}}, nullptr);
+  ASSERT_FALSE(bad_number.ok());
+  EXPECT_NE(bad_number.status().message().find("not a number"), absl::string_view::npos);
+  auto out_of_range = Config::Load({{"ZSOCK_UNET_RING_ENTRIES", "2"}}, nullptr);
+  ASSERT_FALSE(out_of_range.ok());
+  EXPECT_NE(out_of_range.status().message().find("out of range"), absl::string_view::npos);
+  auto unknown_env = Config::Load({{"ZSOCK_PROVDER", "unet"}}, nullptr);
+  ASSERT_FALSE(unknown_env.ok());
+  EXPECT_NE(unknown_env.status().message().find("ZSOCK_PROVDER"), absl::string_view::npos);
+  std::string line = TempFile("just words\n");
+  auto no_equals = Config::Load({}, &line);
+  ASSERT_FALSE(no_equals.ok());
+  EXPECT_NE(no_equals.status().message().find("expected 'key = value'"), absl::string_view::npos);
+  std::remove(line.c_str());
+  std::string missing = "/nonexistent/zsock.conf";
+  EXPECT_FALSE(Config::Load({}, &missing).ok());
+}
+
+TEST(FabricSpec, ParsesProviderSpecAndOptions) {
+  auto s = ParseFabricSpec("ofi:tcp;ofi_rxm?iface=lo&FI_TCP_IFACE=lo");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->provider, "ofi");
+  EXPECT_EQ(s->spec, "tcp;ofi_rxm");
+  EXPECT_EQ(s->options.at("iface"), "lo");
+  EXPECT_EQ(s->options.at("FI_TCP_IFACE"), "lo");
+  EXPECT_EQ(s->ToString(), "ofi:tcp;ofi_rxm?FI_TCP_IFACE=lo&iface=lo");
+  auto u = ParseFabricSpec("ucx:posix,cma");
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->spec, "posix,cma");
+  EXPECT_TRUE(u->options.empty());
+  EXPECT_FALSE(ParseFabricSpec("").ok());
+  EXPECT_FALSE(ParseFabricSpec(":tcp").ok());
+  EXPECT_FALSE(ParseFabricSpec("unet?novalue").ok());
+  EXPECT_FALSE(ParseFabricSpec("unet?=1").ok());
+}
+
+TEST(Fabric, UnknownProviderListsTheBuiltOnes) {
+  auto f = Fabric::Open("nosuch:thing");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(f.status().message().find("unknown provider 'nosuch'"), absl::string_view::npos);
+}
+
+TEST(RemoteKey, RoundTripsAndRejectsMalformedBytes) {
+  RemoteKey k;
+  k.addr = 0x7f0012345678;
+  k.length = 4096;
+  k.access = kRemoteRead | kRemoteWrite;
+  k.blob = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::string bytes = k.Serialize();
+  auto back = RemoteKey::Parse(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->addr, k.addr);
+  EXPECT_EQ(back->length, k.length);
+  EXPECT_EQ(back->access, k.access);
+  EXPECT_EQ(back->blob, k.blob);
+  EXPECT_FALSE(RemoteKey::Parse(bytes.substr(0, 10)).ok());          // truncated
+  EXPECT_FALSE(RemoteKey::Parse(bytes + "x").ok());                  // trailing byte
+  std::string wrong_version = bytes;
+  wrong_version[0] = 9;
+  EXPECT_FALSE(RemoteKey::Parse(wrong_version).ok());
+  RemoteKey wrap = k;
+  wrap.addr = ~uint64_t{0} - 10;
+  EXPECT_FALSE(RemoteKey::Parse(wrap.Serialize()).ok());             // range wraps
+  std::string big_blob = bytes;
+  big_blob[1] = static_cast<char>(200);
+  EXPECT_FALSE(RemoteKey::Parse(big_blob).ok());
+}
+
+TEST(Status, CarriesErrnoCauseAndFix) {
+  absl::Status st = ErrnoError(EPERM, "process_vm_readv failed", "set unet_cma=off");
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(StatusErrno(st), EPERM);
+  EXPECT_NE(st.message().find("Operation not permitted"), absl::string_view::npos);
+  EXPECT_NE(st.message().find("fix: set unet_cma=off"), absl::string_view::npos);
+  EXPECT_EQ(StatusErrno(absl::UnavailableError("x")), EAGAIN);
+  EXPECT_EQ(StatusErrno(absl::OkStatus()), 0);
+  EXPECT_EQ(ErrnoError(ECONNRESET, "x").code(), absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace zsock

@@ -1,0 +1,162 @@
+// unet shared-memory layouts: the communication segment and the key table.
+//
+// Each endpoint owns one communication segment (a sealed memfd) that its
+// peer maps and writes into: two descriptor rings (user and control
+// messages; the peer produces, the owner consumes), two free rings of
+// buffer indices (the owner returns buffers, the peer takes them) and the
+// buffers themselves. Descriptors are 128 bytes; messages up to kInline bytes
+// travel inside the descriptor, larger ones in buffers, chunked when they
+// exceed one buffer. Layout and field meanings: docs/unet.md.
+//
+// Rings are single-producer/single-consumer with a sequence number per slot
+// (written last with release semantics), so a consumer touches only the slot
+// it reads and never a shared index. Everything a peer wrote is validated
+// before use: the peer is another process and may be faulty.
+#ifndef ZSOCK_PROVIDERS_UNET_SEGMENT_H_
+#define ZSOCK_PROVIDERS_UNET_SEGMENT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace zsock::unet {
+
+inline constexpr uint64_t kSegmentMagic = 0x31746e756b63737aull;  // "zsckunt1"
+inline constexpr uint32_t kVersion = 1;
+inline constexpr size_t kInline = 96;
+inline constexpr uint32_t kControlBuffers = 4;
+
+enum DescType : uint8_t { kUserMsg = 1, kControlMsg = 2 };
+enum DescFlags : uint8_t { kFirst = 1, kLast = 2, kInlineData = 4 };
+
+struct alignas(64) Desc {
+  std::atomic<uint64_t> seq;
+  uint8_t type;
+  uint8_t flags;
+  uint16_t reserved;
+  uint32_t len;    // bytes in this chunk
+  uint32_t buf;    // buffer index when !kInlineData
+  uint32_t reserved2;
+  uint64_t total;  // whole message length (valid with kFirst)
+  uint8_t data[kInline];
+};
+static_assert(sizeof(Desc) == 128);
+
+struct alignas(16) FreeSlot {
+  std::atomic<uint64_t> seq;
+  uint32_t buf;
+  uint32_t reserved;
+};
+static_assert(sizeof(FreeSlot) == 16);
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t ring_entries;
+  uint32_t buffer_size;
+  uint32_t nbuffers;  // user buffers; kControlBuffers more follow them
+  uint32_t owner_pid;
+  uint32_t reserved;
+  // Set by the owner before it sleeps; whoever publishes something the owner
+  // waits for clears it and writes the owner's eventfd.
+  alignas(64) std::atomic<uint32_t> armed;
+  alignas(64) uint8_t pad[64];
+};
+static_assert(sizeof(SegmentHeader) == 192);
+
+// Byte offsets of each part for given parameters.
+struct SegmentLayout {
+  uint32_t ring_entries = 0;
+  uint32_t buffer_size = 0;
+  uint32_t nbuffers = 0;
+  size_t user_ring = 0;
+  size_t ctl_ring = 0;
+  size_t user_free = 0;
+  size_t ctl_free = 0;
+  size_t buffers = 0;
+  size_t total = 0;
+
+  static SegmentLayout For(uint32_t ring_entries, uint32_t buffer_size,
+                           uint32_t nbuffers) {
+    SegmentLayout l;
+    l.ring_entries = ring_entries;
+    l.buffer_size = buffer_size;
+    l.nbuffers = nbuffers;
+    size_t off = 256;
+    l.user_ring = off;
+    off += sizeof(Desc) * ring_entries;
+    l.ctl_ring = off;
+    off += sizeof(Desc) * ring_entries;
+    l.user_free = off;
+    off += sizeof(FreeSlot) * nbuffers;
+    l.ctl_free = off;
+    off += sizeof(FreeSlot) * kControlBuffers;
+    off = (off + 4095) & ~size_t{4095};
+    l.buffers = off;
+    off += size_t{buffer_size} * (nbuffers + kControlBuffers);
+    l.total = off;
+    return l;
+  }
+};
+
+// One registration in a fabric's key table (a memfd every peer maps).
+// gen is odd while the registration is live; Revoke makes it even and waits
+// until no peer is inside an access (active == 0).
+struct alignas(32) KeySlot {
+  std::atomic<uint32_t> gen;
+  std::atomic<uint32_t> active;
+  uint32_t access;
+  uint32_t reserved;
+  uint64_t addr;
+  uint64_t len;
+};
+static_assert(sizeof(KeySlot) == 32);
+
+// Producer side of an SPSC ring whose slots carry `seq`.
+template <typename Slot>
+class RingProducer {
+ public:
+  RingProducer() = default;
+  // `start` is the first position to produce: 0 for a ring that starts
+  // empty, `entries` for one initialised full (the free rings).
+  RingProducer(Slot* slots, uint32_t entries, uint64_t start = 0)
+      : slots_(slots), mask_(entries - 1), pos_(start) {}
+  Slot* TryClaim() {
+    Slot* s = &slots_[pos_ & mask_];
+    return s->seq.load(std::memory_order_acquire) == pos_ ? s : nullptr;
+  }
+  void Publish(Slot* s) {
+    s->seq.store(pos_ + 1, std::memory_order_release);
+    ++pos_;
+  }
+
+ private:
+  Slot* slots_ = nullptr;
+  uint64_t mask_ = 0;
+  uint64_t pos_ = 0;
+};
+
+// Consumer side of an SPSC ring.
+template <typename Slot>
+class RingConsumer {
+ public:
+  RingConsumer() = default;
+  RingConsumer(Slot* slots, uint32_t entries) : slots_(slots), mask_(entries - 1) {}
+  Slot* Peek() const {
+    Slot* s = &slots_[pos_ & mask_];
+    return s->seq.load(std::memory_order_acquire) == pos_ + 1 ? s : nullptr;
+  }
+  void Release(Slot* s) {
+    s->seq.store(pos_ + mask_ + 1, std::memory_order_release);
+    ++pos_;
+  }
+
+ private:
+  Slot* slots_ = nullptr;
+  uint64_t mask_ = 0;
+  uint64_t pos_ = 0;
+};
+
+}  // namespace zsock::unet
+
+#endif  // ZSOCK_PROVIDERS_UNET_SEGMENT_H_

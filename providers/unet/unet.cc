@@ -1,0 +1,1430 @@
+// unet: U-Net-style user-level endpoints over shared memory (the default
+// zsock provider; needs nothing installed).
+//
+// Connection set-up runs over an abstract-namespace Unix SEQPACKET socket:
+// each side sends a Hello plus three fds with SCM_RIGHTS (its communication
+// segment, its completion queue's eventfd, its fabric's key table), so only
+// processes handed the fds can touch them and nothing is left in the file
+// system after a crash. The socket then stays open as the liveness signal: it
+// closing (or the peer's pidfd becoming readable) marks the peer dead.
+//
+// Data path (base level): small messages inline in descriptors, larger ones
+// through segment buffers. Direct access: RDMA read/write go straight to the
+// peer's registered memory with process_vm_readv/writev after checking the
+// peer's key table; when cross-memory attach is denied the Endpoint base
+// class emulates them through the segment. Atomics are executed by the
+// target's progress engine (core emulation). Design notes: docs/unet.md.
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/provider.h"
+#include "core/status.h"
+#include "providers/unet/segment.h"
+
+namespace zsock::unet {
+namespace {
+
+constexpr size_t kMaxMessage = size_t{1} << 30;
+constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
+
+// ---------------------------------------------------------------- helpers
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    reset(o.release());
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* p, size_t len) : p_(p), len_(len) {}
+  Mapping(Mapping&& o) noexcept : p_(o.p_), len_(o.len_) { o.p_ = nullptr; o.len_ = 0; }
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) { reset(); p_ = o.p_; len_ = o.len_; o.p_ = nullptr; o.len_ = 0; }
+    return *this;
+  }
+  ~Mapping() { reset(); }
+  void reset() {
+    if (p_ != nullptr) ::munmap(p_, len_);
+    p_ = nullptr;
+    len_ = 0;
+  }
+  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+  size_t size() const { return len_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t len_ = 0;
+};
+
+absl::StatusOr<Fd> CreateMemfd(const char* name, size_t size) {
+  int fd = static_cast<int>(
+      ::syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (fd < 0) {
+    return ErrnoError(errno, "memfd_create for a unet segment failed",
+                      "unet needs Linux >= 3.17 with memfd; check seccomp policy");
+  }
+  Fd owned(fd);
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return ErrnoError(errno, absl::StrCat("sizing a unet segment to ", size, " bytes failed"),
+                      "lower unet_buffers/unet_buffer_size or raise memory limits");
+  }
+  // Sealed against resizing, so a peer can map it without fearing SIGBUS.
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ErrnoError(errno, "sealing a unet segment failed");
+  }
+  return owned;
+}
+
+absl::StatusOr<Mapping> MapFd(int fd, size_t size, const char* what) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoError(errno, absl::StrCat("mapping ", what, " (", size, " bytes) failed"),
+                      "check the address-space and memory limits (ulimit -v)");
+  }
+  return Mapping(p, size);
+}
+
+// Checks that a peer's memfd is at least `size` bytes and sealed against
+// shrinking, so touching it cannot fault.
+absl::Status CheckPeerMemfd(int fd, size_t size, const char* what) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError(errno, "fstat on a peer memfd failed");
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  if (static_cast<size_t>(st.st_size) < size || seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                     absl::StrCat("peer's ", what, " is ", st.st_size,
+                                  " bytes or not sealed (need ", size, ")"),
+                     "the peer is not a compatible zsock unet endpoint");
+  }
+  return absl::OkStatus();
+}
+
+std::string SocketName(absl::string_view address) {
+  return absl::StrCat("zsock-unet/", address);
+}
+
+absl::StatusOr<sockaddr_un> MakeAddr(absl::string_view address, socklen_t* len) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::string name = SocketName(address);
+  if (address.empty() || name.size() + 1 > sizeof(sa.sun_path)) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     absl::StrCat("unet address '", address, "' is empty or longer than ",
+                                  sizeof(sa.sun_path) - 12, " bytes"),
+                     "use a short name such as 'server1' or '127.0.0.1:5000'");
+  }
+  // Abstract namespace: sun_path[0] == 0, nothing on disk.
+  std::memcpy(sa.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return sa;
+}
+
+int PidfdOpen(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// ------------------------------------------------------------ handshake
+
+struct Hello {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t ring_entries;
+  uint32_t buffer_size;
+  uint32_t nbuffers;
+  uint32_t key_slots;
+  uint32_t reserved;
+  uint64_t segment_size;
+  uint64_t probe_addr;   // address of probe_value in the sender's memory
+  uint64_t probe_value;
+};
+
+// The hello carries the segment fds (SCM_RIGHTS) and our credentials
+// (SCM_CREDENTIALS, checked by the kernel), from which the peer learns our
+// pid. SO_PEERCRED cannot serve: on the connecting side it names the
+// process that called listen(), which need not be the one that accepts.
+absl::Status SendHello(int sock, const Hello& hello, const int fds[3]) {
+  iovec iov{const_cast<Hello*>(&hello), sizeof(hello)};
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(3 * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds, 3 * sizeof(int));
+  cm = CMSG_NXTHDR(&msg, cm);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_CREDENTIALS;
+  cm->cmsg_len = CMSG_LEN(sizeof(ucred));
+  ucred me{getpid(), getuid(), getgid()};
+  std::memcpy(CMSG_DATA(cm), &me, sizeof(me));
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(hello))) {
+    return ErrnoError(n < 0 ? errno : EPROTO, "sending the unet hello failed");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvHello(int sock, absl::Time deadline, Hello* hello, Fd fds[3], pid_t* peer_pid) {
+  for (;;) {
+    int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                       "the unet peer sent no hello in time",
+                       "check that the peer is a zsock unet endpoint and is not stuck");
+    }
+    pollfd pfd{sock, POLLIN, 0};
+    int rc = ::poll(&pfd, 1, static_cast<int>(left_ms));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return ErrnoError(errno, "poll during unet handshake failed");
+    if (rc > 0) break;
+  }
+  iovec iov{hello, sizeof(*hello)};
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  int received = 0;
+  *peer_pid = 0;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS &&
+        cm->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+      ucred cred;
+      std::memcpy(&cred, CMSG_DATA(cm), sizeof(cred));
+      *peer_pid = cred.pid;
+    }
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        if (received < 3) fds[received++].reset(fd); else ::close(fd);
+      }
+    }
+  }
+  if (n == 0) {
+    return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
+                     "the unet peer closed the connection during the handshake",
+                     "check the peer's log: it may have rejected our parameters");
+  }
+  if (n != static_cast<ssize_t>(sizeof(*hello)) || received != 3 || *peer_pid <= 0 ||
+      (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                     "malformed unet hello", "the peer is not a compatible zsock unet endpoint");
+  }
+  if (hello->magic != kSegmentMagic || hello->version != kVersion) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                     absl::StrCat("unet hello has version ", hello->version, " (want ", kVersion, ")"),
+                     "run the same zsock version on both sides");
+  }
+  uint32_t re = hello->ring_entries, nb = hello->nbuffers;
+  if (re < 8 || re > 65536 || (re & (re - 1)) != 0 || nb < 8 || nb > 65536 ||
+      (nb & (nb - 1)) != 0 || hello->buffer_size < 4096 || hello->buffer_size > (16u << 20) ||
+      hello->key_slots == 0 || hello->key_slots > (1u << 20) ||
+      hello->segment_size != SegmentLayout::For(re, hello->buffer_size, nb).total) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                     "unet hello carries invalid segment parameters",
+                     "the peer is not a compatible zsock unet endpoint");
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ settings
+
+struct Settings {
+  uint32_t ring_entries;
+  uint32_t buffer_size;
+  uint32_t nbuffers;
+  uint32_t key_slots;
+  bool cma;
+  absl::Duration connect_timeout;
+};
+
+absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
+  const auto& global = Config::Global();
+  if (!global.ok()) return global.status();
+  static const char* kOptions[] = {"ring_entries", "buffer_size", "buffers", "cma",
+                                   "max_registrations"};
+  auto value = [&](const char* opt, const char* key) -> absl::StatusOr<std::string> {
+    if (auto it = spec.options.find(opt); it != spec.options.end()) {
+      if (auto st = Config::Validate(key, it->second, absl::StrCat("fabric option ", opt));
+          !st.ok()) {
+        return st;
+      }
+      return it->second;
+    }
+    return global->GetString(key);
+  };
+  for (const auto& [k, v] : spec.options) {
+    bool known = false;
+    for (const char* o : kOptions) known |= (k == o);
+    if (!known) {
+      return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                       absl::StrCat("unknown unet option '", k, "'"),
+                       absl::StrCat("unet accepts: ", absl::StrJoin(kOptions, ", ")));
+    }
+  }
+  if (!spec.spec.empty()) {
+    return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                     absl::StrCat("unet takes no spec, got 'unet:", spec.spec, "'"),
+                     "write 'unet' or 'unet?option=value'");
+  }
+  Settings s;
+  auto num = [&](const char* opt, const char* key, uint32_t* out) -> absl::Status {
+    auto v = value(opt, key);
+    if (!v.ok()) return v.status();
+    auto n = Config::ParseNumber(key, *v);
+    if (!n.ok()) return n.status();
+    *out = static_cast<uint32_t>(*n);
+    return absl::OkStatus();
+  };
+  if (auto st = num("ring_entries", "unet_ring_entries", &s.ring_entries); !st.ok()) return st;
+  if (auto st = num("buffer_size", "unet_buffer_size", &s.buffer_size); !st.ok()) return st;
+  if (auto st = num("buffers", "unet_buffers", &s.nbuffers); !st.ok()) return st;
+  if (auto st = num("max_registrations", "unet_max_registrations", &s.key_slots); !st.ok()) return st;
+  for (auto [n, name] : {std::pair{s.ring_entries, "unet_ring_entries"},
+                         std::pair{s.nbuffers, "unet_buffers"}}) {
+    if ((n & (n - 1)) != 0) {
+      return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                       absl::StrCat(name, "=", n, " is not a power of two"),
+                       "use 8, 16, 32, 64, ...");
+    }
+  }
+  auto cma = value("cma", "unet_cma");
+  if (!cma.ok()) return cma.status();
+  s.cma = (*cma != "off");
+  s.connect_timeout = absl::Milliseconds(global->GetInt("connect_timeout_ms"));
+  return s;
+}
+
+class UnetFabric;
+class UnetEndpoint;
+
+// ------------------------------------------------------------ registrations
+
+class UnetRegion final : public MemoryRegion {
+ public:
+  UnetRegion(UnetFabric* fabric, void* addr, size_t len, uint32_t access,
+             uint32_t slot, uint32_t gen, KeySlot* entry)
+      : MemoryRegion(addr, len, access), fabric_(fabric), slot_(slot), gen_(gen), entry_(entry) {}
+  ~UnetRegion() override;
+
+  RemoteKey remote_key() const override {
+    RemoteKey key;
+    key.addr = reinterpret_cast<uint64_t>(addr());
+    key.length = length();
+    key.access = access();
+    key.blob.resize(8);
+    std::memcpy(key.blob.data(), &slot_, 4);
+    std::memcpy(key.blob.data() + 4, &gen_, 4);
+    return key;
+  }
+
+  void Revoke() noexcept override {
+    uint32_t expected = gen_;
+    // Only the first revocation bumps the generation.
+    if (!entry_->gen.compare_exchange_strong(expected, gen_ + 1, std::memory_order_seq_cst)) {
+      return;
+    }
+    // Wait (bounded) for peers inside an access through this key; a peer
+    // killed mid-access would otherwise hold us forever.
+    for (int i = 0; entry_->active.load(std::memory_order_seq_cst) != 0; ++i) {
+      if (i > 100000) break;  // ~1 s of sched_yield
+      sched_yield();
+    }
+  }
+
+ private:
+  UnetFabric* fabric_;
+  uint32_t slot_;
+  uint32_t gen_;
+  KeySlot* entry_;
+};
+
+bool DecodeKey(const RemoteKey& key, uint32_t* slot, uint32_t* gen) {
+  if (key.blob.size() != 8) return false;
+  std::memcpy(slot, key.blob.data(), 4);
+  std::memcpy(gen, key.blob.data() + 4, 4);
+  return true;
+}
+
+absl::Status KeyError(const char* why, uint64_t addr, size_t len) {
+  return MakeError(absl::StatusCode::kPermissionDenied, EACCES,
+                   absl::StrCat("remote access to [0x", absl::Hex(addr), ", +", len,
+                                ") refused: ", why),
+                   "use a key from a live registration and stay inside its range "
+                   "with the access it grants");
+}
+
+// Validates (addr, len, access) against a key-table entry. On success the
+// caller is counted in entry->active and must call Unpin.
+absl::Status PinKey(KeySlot* table, uint32_t slots, const RemoteKey& key, uint64_t addr,
+                    size_t len, uint32_t access, KeySlot** pinned) {
+  uint32_t slot, gen;
+  if (!DecodeKey(key, &slot, &gen) || slot >= slots || (gen & 1) == 0) {
+    return KeyError("the key is malformed", addr, len);
+  }
+  KeySlot* e = &table[slot];
+  e->active.fetch_add(1, std::memory_order_seq_cst);
+  if (e->gen.load(std::memory_order_seq_cst) != gen) {
+    e->active.fetch_sub(1, std::memory_order_seq_cst);
+    return KeyError("the registration was released or revoked (stale key)", addr, len);
+  }
+  uint64_t base = e->addr, size = e->len;
+  if (addr < base || len > size || addr - base > size - len) {
+    e->active.fetch_sub(1, std::memory_order_seq_cst);
+    return KeyError("the range lies outside the registered region", addr, len);
+  }
+  if ((e->access & access) != access) {
+    e->active.fetch_sub(1, std::memory_order_seq_cst);
+    return KeyError("the registration does not grant this access", addr, len);
+  }
+  *pinned = e;
+  return absl::OkStatus();
+}
+
+void Unpin(KeySlot* e) { e->active.fetch_sub(1, std::memory_order_seq_cst); }
+
+// ------------------------------------------------------------ completion queue
+
+class UnetCq final : public CompletionQueue {
+ public:
+  static absl::StatusOr<std::unique_ptr<UnetCq>> Create() {
+    int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd < 0) return ErrnoError(errno, "eventfd for a unet CQ failed", "raise the fd limit (ulimit -n)");
+    Fd event(efd);
+    int epfd = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epfd < 0) return ErrnoError(errno, "epoll_create1 for a unet CQ failed", "raise the fd limit (ulimit -n)");
+    Fd ep(epfd);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = efd;
+    if (::epoll_ctl(epfd, EPOLL_CTL_ADD, efd, &ev) != 0) {
+      return ErrnoError(errno, "adding the eventfd to the unet CQ epoll set failed");
+    }
+    return std::unique_ptr<UnetCq>(new UnetCq(std::move(event), std::move(ep)));
+  }
+  ~UnetCq() override;
+
+  int wait_fd() const override { return epoll_.get(); }
+  int event_fd() const { return event_.get(); }
+
+  void Attach(UnetEndpoint* ep, int watch_fd, int pidfd);
+  void Detach(UnetEndpoint* ep, int watch_fd, int pidfd);
+  void Unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
+
+ protected:
+  size_t Progress() override;
+  bool ArmProvider() override;
+  void ClearWakeup() override {
+    uint64_t v;
+    while (::read(event_.get(), &v, sizeof(v)) == sizeof(v)) {}
+    check_liveness_.store(true, std::memory_order_relaxed);
+  }
+
+ private:
+  UnetCq(Fd event, Fd epoll) : event_(std::move(event)), epoll_(std::move(epoll)) {}
+  Fd event_;
+  Fd epoll_;
+  absl::Mutex mu_;
+  std::vector<UnetEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> check_liveness_{false};
+  std::atomic<int64_t> last_liveness_ns_{0};
+};
+
+// ------------------------------------------------------------ fabric
+
+class UnetFabric final : public Fabric {
+ public:
+  static absl::StatusOr<std::unique_ptr<Fabric>> Open(const FabricSpec& spec) {
+    auto settings = LoadSettings(spec);
+    if (!settings.ok()) return settings.status();
+    size_t table_size = sizeof(KeySlot) * settings->key_slots;
+    auto fd = CreateMemfd("zsock-unet-keys", table_size);
+    if (!fd.ok()) return fd.status();
+    auto map = MapFd(fd->get(), table_size, "the unet key table");
+    if (!map.ok()) return map.status();
+    auto fabric = std::unique_ptr<UnetFabric>(
+        new UnetFabric(spec, *settings, std::move(*fd), std::move(*map)));
+    return std::unique_ptr<Fabric>(std::move(fabric));
+  }
+
+  const Capabilities& caps() const override { return caps_; }
+  const Settings& settings() const { return settings_; }
+  int key_fd() const { return key_fd_.get(); }
+  KeySlot* key_table() const { return reinterpret_cast<KeySlot*>(key_map_.get()); }
+
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t len,
+                                                               uint32_t access) override {
+    if (addr == nullptr || len == 0) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       "cannot register an empty or null range", "register at least one byte");
+    }
+    uint32_t slot;
+    {
+      absl::MutexLock lock(&mu_);
+      if (free_slots_.empty()) {
+        return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
+                         absl::StrCat("all ", settings_.key_slots, " unet registrations are in use"),
+                         "release registrations, or raise unet_max_registrations "
+                         "(the registration cache evicts unused ones)");
+      }
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    KeySlot* e = &key_table()[slot];
+    e->addr = reinterpret_cast<uint64_t>(addr);
+    e->len = len;
+    e->access = access;
+    uint32_t gen = e->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
+    e->gen.store(gen, std::memory_order_release);
+    return std::unique_ptr<MemoryRegion>(new UnetRegion(this, addr, len, access, slot, gen, e));
+  }
+
+  void ReleaseSlot(uint32_t slot) {
+    absl::MutexLock lock(&mu_);
+    free_slots_.push_back(slot);
+  }
+
+  absl::StatusOr<void*> ResolveLocalKey(const RemoteKey& rkey, uint64_t addr, size_t len,
+                                        uint32_t access) override {
+    KeySlot* e;
+    if (auto st = PinKey(key_table(), settings_.key_slots, rkey, addr, len, access, &e); !st.ok()) {
+      return st;
+    }
+    Unpin(e);
+    return reinterpret_cast<void*>(addr);
+  }
+
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {
+    auto cq = UnetCq::Create();
+    if (!cq.ok()) return cq.status();
+    return std::unique_ptr<CompletionQueue>(std::move(*cq));
+  }
+
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(absl::string_view address) override;
+  absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view address,
+                                                    CompletionQueue* cq,
+                                                    absl::Duration timeout) override;
+
+  // Runs the handshake on a connected socket and builds the endpoint.
+  absl::StatusOr<std::unique_ptr<Endpoint>> Handshake(Fd sock, std::string local,
+                                                      std::string peer, CompletionQueue* cq,
+                                                      absl::Time deadline);
+
+ private:
+  UnetFabric(const FabricSpec& spec, const Settings& s, Fd key_fd, Mapping key_map)
+      : settings_(s), key_fd_(std::move(key_fd)), key_map_(std::move(key_map)) {
+    caps_.provider = "unet";
+    caps_.spec = spec.ToString();
+    caps_.send_recv = Support::kNative;
+    caps_.rdma_read = s.cma ? Support::kNative : Support::kEmulated;
+    caps_.rdma_write = caps_.rdma_read;
+    caps_.atomics = Support::kEmulated;
+    caps_.max_msg_size = kMaxMessage;
+    caps_.max_rma_size = kMaxMessage;
+    caps_.inline_size = kInline;
+    caps_.registration_required = false;
+    caps_.peer_on_host = true;
+    caps_.wait_fd = true;
+    if (s.cma) {
+      caps_.notes.push_back(
+          "rdma read/write: process_vm_readv/writev (probed per connection; "
+          "falls back to copying through the segment when denied)");
+    } else {
+      caps_.notes.push_back("rdma read/write: copied through the segment (unet_cma=off)");
+    }
+    caps_.notes.push_back("atomics: executed by the target's progress engine");
+    for (uint32_t i = settings_.key_slots; i > 0; --i) free_slots_.push_back(i - 1);
+  }
+
+  Capabilities caps_;
+  Settings settings_;
+  Fd key_fd_;
+  Mapping key_map_;
+  absl::Mutex mu_;
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+};
+
+UnetRegion::~UnetRegion() {
+  Revoke();
+  fabric_->ReleaseSlot(slot_);
+}
+
+// ------------------------------------------------------------ endpoint
+
+class UnetEndpoint final : public Endpoint {
+ public:
+  struct Parts {
+    Fd sock;
+    Fd pidfd;
+    pid_t peer_pid = 0;
+    Fd rx_fd;          // my segment
+    Mapping rx;
+    SegmentLayout rx_layout;
+    Mapping tx;        // peer's segment
+    SegmentLayout tx_layout;
+    Fd peer_event;     // peer CQ's eventfd
+    Mapping peer_keys;
+    uint32_t peer_key_slots = 0;
+    bool cma = false;
+    EndpointInfo info;
+  };
+
+  UnetEndpoint(UnetFabric* fabric, UnetCq* cq, Parts parts)
+      : Endpoint(fabric, cq), cq_(cq), p_(std::move(parts)) {
+    rx_hdr_ = reinterpret_cast<SegmentHeader*>(p_.rx.get());
+    tx_hdr_ = reinterpret_cast<SegmentHeader*>(p_.tx.get());
+    const auto& rl = p_.rx_layout;
+    const auto& tl = p_.tx_layout;
+    rx_user_ = RingConsumer<Desc>(reinterpret_cast<Desc*>(p_.rx.get() + rl.user_ring), rl.ring_entries);
+    rx_ctl_ = RingConsumer<Desc>(reinterpret_cast<Desc*>(p_.rx.get() + rl.ctl_ring), rl.ring_entries);
+    // The free rings start full (every buffer free), so production resumes
+    // one lap later.
+    rx_user_free_ = RingProducer<FreeSlot>(reinterpret_cast<FreeSlot*>(p_.rx.get() + rl.user_free),
+                                           rl.nbuffers, rl.nbuffers);
+    rx_ctl_free_ = RingProducer<FreeSlot>(reinterpret_cast<FreeSlot*>(p_.rx.get() + rl.ctl_free),
+                                          kControlBuffers, kControlBuffers);
+    tx_user_ = RingProducer<Desc>(reinterpret_cast<Desc*>(p_.tx.get() + tl.user_ring), tl.ring_entries);
+    tx_ctl_ = RingProducer<Desc>(reinterpret_cast<Desc*>(p_.tx.get() + tl.ctl_ring), tl.ring_entries);
+    tx_user_free_ = RingConsumer<FreeSlot>(reinterpret_cast<FreeSlot*>(p_.tx.get() + tl.user_free), tl.nbuffers);
+    tx_ctl_free_ = RingConsumer<FreeSlot>(reinterpret_cast<FreeSlot*>(p_.tx.get() + tl.ctl_free), kControlBuffers);
+    cq_->Attach(this, p_.sock.get(), p_.pidfd.get());
+  }
+
+  ~UnetEndpoint() override {
+    Close();
+    cq_->Detach(this, p_.sock.get(), p_.pidfd.get());
+  }
+
+  const EndpointInfo& info() const override { return p_.info; }
+
+  absl::Status Send(const void* buf, size_t len, MemoryRegion*, uint64_t context) override {
+    return Enqueue(kUserMsg, static_cast<const uint8_t*>(buf), len, {}, context);
+  }
+
+  absl::Status SendControl(std::span<const uint8_t> msg) override {
+    return Enqueue(kControlMsg, nullptr, msg.size(),
+                   std::vector<uint8_t>(msg.begin(), msg.end()), 0);
+  }
+
+  absl::Status PostRecv(void* buf, size_t len, MemoryRegion*, uint64_t context) override {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return ClosedError();
+    if (dead_ && !rx_pending_locked()) return dead_status_;
+    posted_.push_back({static_cast<uint8_t*>(buf), len, context});
+    return absl::OkStatus();
+  }
+
+  absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
+                    const RemoteKey& rkey, uint64_t context) override {
+    if (!p_.cma) return Endpoint::Read(local, len, mr, remote_addr, rkey, context);
+    return DirectAccess(OpType::kRead, local, len, remote_addr, rkey, context);
+  }
+
+  absl::Status Write(const void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
+                     const RemoteKey& rkey, uint64_t context) override {
+    if (!p_.cma) return Endpoint::Write(local, len, mr, remote_addr, rkey, context);
+    return DirectAccess(OpType::kWrite, const_cast<void*>(local), len, remote_addr, rkey, context);
+  }
+
+  void Close() override {
+    std::vector<Completion> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = true;
+      ::shutdown(p_.sock.get(), SHUT_RDWR);
+      absl::Status why = MakeError(absl::StatusCode::kCancelled, ECANCELED,
+                                   "the endpoint was closed", "");
+      FlushLocked(why, &failed);
+    }
+    for (auto& c : failed) cq_->Push(std::move(c));
+    FailEmulated(MakeError(absl::StatusCode::kCancelled, ECANCELED, "the endpoint was closed"));
+  }
+
+  // Called by UnetCq::Progress.
+  size_t Progress(bool check_liveness);
+  // Whether Progress would find work; sets the armed flag first.
+  bool ArmAndCheck();
+
+ private:
+  struct PendingSend {
+    uint8_t type;
+    const uint8_t* data;
+    std::vector<uint8_t> owned;  // control messages keep their bytes here
+    size_t len;
+    size_t offset;
+    bool started;
+    uint64_t context;
+  };
+  struct PostedRecv {
+    uint8_t* buf;
+    size_t len;
+    uint64_t context;
+  };
+  // Assembly state of a message arriving in chunks.
+  struct Incoming {
+    bool active = false;
+    size_t total = 0;
+    size_t got = 0;
+    bool truncated = false;
+    std::vector<uint8_t> control;  // control messages
+  };
+
+  absl::Status ClosedError() const {
+    return MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
+                     "operation on a closed unet endpoint", "connect a new endpoint");
+  }
+
+  bool rx_pending_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return rx_user_.Peek() != nullptr || rx_ctl_.Peek() != nullptr;
+  }
+
+  absl::Status Enqueue(uint8_t type, const uint8_t* data, size_t len,
+                       std::vector<uint8_t> owned, uint64_t context) {
+    if (len > kMaxMessage) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                       absl::StrCat("message of ", len, " bytes exceeds unet's maximum of ",
+                                    kMaxMessage),
+                       "split the message");
+    }
+    bool notify = false;
+    std::vector<Completion> done;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return ClosedError();
+      if (dead_) return dead_status_;
+      PendingSend ps{type, data, std::move(owned), len, 0, false, context};
+      if (!ps.owned.empty()) ps.data = ps.owned.data();
+      sendq_.push_back(std::move(ps));
+      if (sendq_.size() == 1) notify = PushSendsLocked(&done);
+    }
+    if (notify) Notify();
+    for (auto& c : done) cq_->Push(std::move(c));
+    return absl::OkStatus();
+  }
+
+  // Moves pending sends into the peer's rings as far as descriptors and
+  // buffers allow. Returns whether anything was published.
+  bool PushSendsLocked(std::vector<Completion>* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool published = false;
+    const uint32_t bufsize = p_.tx_layout.buffer_size;
+    while (!sendq_.empty()) {
+      PendingSend& ps = sendq_.front();
+      const bool ctl = ps.type == kControlMsg;
+      RingProducer<Desc>& ring = ctl ? tx_ctl_ : tx_user_;
+      while (!ps.started || ps.offset < ps.len) {
+        Desc* d = ring.TryClaim();
+        if (d == nullptr) return published;
+        size_t chunk;
+        uint8_t flags = ps.started ? 0 : kFirst;
+        if (!ps.started && ps.len <= kInline) {
+          chunk = ps.len;
+          flags |= kInlineData;
+          if (chunk > 0) std::memcpy(d->data, ps.data, chunk);
+          d->buf = 0;
+        } else {
+          RingConsumer<FreeSlot>& free = ctl ? tx_ctl_free_ : tx_user_free_;
+          FreeSlot* fs = free.Peek();
+          if (fs == nullptr) return published;
+          uint32_t idx = fs->buf;
+          free.Release(fs);
+          // The owner hands out its own indices; trust but verify.
+          uint32_t lo = ctl ? p_.tx_layout.nbuffers : 0;
+          uint32_t hi = ctl ? p_.tx_layout.nbuffers + kControlBuffers : p_.tx_layout.nbuffers;
+          if (idx < lo || idx >= hi) {
+            MarkDeadLocked(MakeError(absl::StatusCode::kDataLoss, EPROTO,
+                                     "the unet peer returned an invalid buffer index",
+                                     "the peer is faulty; reconnect"));
+            return published;
+          }
+          chunk = std::min<size_t>(bufsize, ps.len - ps.offset);
+          std::memcpy(p_.tx.get() + p_.tx_layout.buffers + size_t{idx} * bufsize,
+                      ps.data + ps.offset, chunk);
+          d->buf = idx;
+        }
+        d->type = ps.type;
+        d->len = static_cast<uint32_t>(chunk);
+        d->total = ps.len;
+        ps.offset += chunk;
+        ps.started = true;
+        if (ps.offset == ps.len) flags |= kLast;
+        d->flags = flags;
+        ring.Publish(d);
+        published = true;
+      }
+      if (!ctl) {
+        Completion c;
+        c.context = ps.context;
+        c.op = OpType::kSend;
+        c.length = ps.len;
+        c.endpoint = this;
+        done->push_back(std::move(c));
+      }
+      sendq_.pop_front();
+    }
+    return published;
+  }
+
+  // Wakes the peer if it sleeps.
+  void Notify() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (tx_hdr_->armed.load(std::memory_order_relaxed) != 0 &&
+        tx_hdr_->armed.exchange(0, std::memory_order_seq_cst) != 0) {
+      uint64_t one = 1;
+      ssize_t rc = ::write(p_.peer_event.get(), &one, sizeof(one));
+      (void)rc;  // EAGAIN: the counter is already non-zero, the peer wakes anyway
+    }
+  }
+
+  void ReturnBuffer(bool ctl, uint32_t idx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    RingProducer<FreeSlot>& ring = ctl ? rx_ctl_free_ : rx_user_free_;
+    FreeSlot* fs = ring.TryClaim();
+    // Cannot be full while the peer follows the protocol: at most as many
+    // indices are returned as exist.
+    if (fs == nullptr) {
+      MarkDeadLocked(ProtocolError("free ring overflow (peer corrupted its slots)"));
+      return;
+    }
+    fs->buf = idx;
+    ring.Publish(fs);
+  }
+
+  // Validates a descriptor from the peer; returns a pointer to its bytes.
+  const uint8_t* ChunkData(const Desc* d, bool ctl) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto& l = p_.rx_layout;
+    if (d->type != (ctl ? kControlMsg : kUserMsg)) return nullptr;
+    if (d->flags & kInlineData) {
+      if (d->len > kInline || !(d->flags & kFirst) || !(d->flags & kLast)) return nullptr;
+      return d->data;
+    }
+    uint32_t lo = ctl ? l.nbuffers : 0;
+    uint32_t hi = ctl ? l.nbuffers + kControlBuffers : l.nbuffers;
+    if (d->buf < lo || d->buf >= hi || d->len > l.buffer_size) return nullptr;
+    return p_.rx.get() + l.buffers + size_t{d->buf} * l.buffer_size;
+  }
+
+  absl::Status ProtocolError(const char* what) {
+    return MakeError(absl::StatusCode::kDataLoss, EPROTO,
+                     absl::StrCat("malformed unet descriptor from peer pid ", p_.peer_pid, ": ", what),
+                     "the peer is faulty or not a compatible zsock; the connection was aborted");
+  }
+
+  // Consumes the control ring into complete messages.
+  size_t DrainControlLocked(std::vector<std::vector<uint8_t>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t n = 0;
+    while (Desc* d = rx_ctl_.Peek()) {
+      const uint8_t* data = ChunkData(d, true);
+      bool first = d->flags & kFirst, last = d->flags & kLast;
+      if (data == nullptr || first == ctl_in_.active ||
+          (first && d->total > kMaxMessage)) {
+        MarkDeadLocked(ProtocolError("bad control descriptor"));
+        return n;
+      }
+      if (first) {
+        ctl_in_ = Incoming{};
+        ctl_in_.active = true;
+        ctl_in_.total = d->total;
+        ctl_in_.control.reserve(d->total);
+      }
+      if (ctl_in_.control.size() + d->len > ctl_in_.total) {
+        MarkDeadLocked(ProtocolError("control message longer than announced"));
+        return n;
+      }
+      ctl_in_.control.insert(ctl_in_.control.end(), data, data + d->len);
+      bool inl = d->flags & kInlineData;
+      uint32_t buf = d->buf;
+      rx_ctl_.Release(d);
+      if (!inl) ReturnBuffer(true, buf);
+      ++n;
+      if (last) {
+        if (ctl_in_.control.size() != ctl_in_.total) {
+          MarkDeadLocked(ProtocolError("control message shorter than announced"));
+          return n;
+        }
+        out->push_back(std::move(ctl_in_.control));
+        ctl_in_ = Incoming{};
+      }
+    }
+    return n;
+  }
+
+  // Matches user messages to posted receives.
+  size_t DrainUserLocked(std::vector<Completion>* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t n = 0;
+    while (!posted_.empty()) {
+      Desc* d = rx_user_.Peek();
+      if (d == nullptr) break;
+      const uint8_t* data = ChunkData(d, false);
+      bool first = d->flags & kFirst, last = d->flags & kLast;
+      if (data == nullptr || first == user_in_.active || (first && d->total > kMaxMessage)) {
+        MarkDeadLocked(ProtocolError("bad user descriptor"));
+        return n;
+      }
+      PostedRecv& r = posted_.front();
+      if (first) {
+        user_in_ = Incoming{};
+        user_in_.active = true;
+        user_in_.total = d->total;
+        user_in_.truncated = d->total > r.len;
+      }
+      if (user_in_.got + d->len > user_in_.total) {
+        MarkDeadLocked(ProtocolError("message longer than announced"));
+        return n;
+      }
+      if (!user_in_.truncated && d->len > 0) std::memcpy(r.buf + user_in_.got, data, d->len);
+      user_in_.got += d->len;
+      bool inl = d->flags & kInlineData;
+      uint32_t buf = d->buf;
+      rx_user_.Release(d);
+      if (!inl) ReturnBuffer(false, buf);
+      ++n;
+      if (last) {
+        if (user_in_.got != user_in_.total) {
+          MarkDeadLocked(ProtocolError("message shorter than announced"));
+          return n;
+        }
+        Completion c;
+        c.context = r.context;
+        c.op = OpType::kRecv;
+        c.endpoint = this;
+        if (user_in_.truncated) {
+          c.length = 0;
+          c.status = MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
+                               absl::StrCat("a ", user_in_.total, "-byte message met a ", r.len,
+                                            "-byte receive and was discarded"),
+                               "post receive buffers as large as the largest message");
+        } else {
+          c.length = user_in_.total;
+        }
+        done->push_back(std::move(c));
+        posted_.pop_front();
+        user_in_ = Incoming{};
+      }
+    }
+    return n;
+  }
+
+  void MarkDeadLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (dead_) return;
+    dead_ = true;
+    dead_status_ = std::move(why);
+    ZS_LOG(kInfo, "unet endpoint to pid %d is down: %s", p_.peer_pid, dead_status_.ToString());
+    cq_->Unwatch(p_.sock.get());
+    if (p_.pidfd) cq_->Unwatch(p_.pidfd.get());
+  }
+
+  // Fails every queued operation with `why`.
+  void FlushLocked(const absl::Status& why, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& ps : sendq_) {
+      if (ps.type != kUserMsg) continue;
+      Completion c;
+      c.context = ps.context;
+      c.op = OpType::kSend;
+      c.endpoint = this;
+      c.status = why;
+      out->push_back(std::move(c));
+    }
+    sendq_.clear();
+    for (auto& r : posted_) {
+      Completion c;
+      c.context = r.context;
+      c.op = OpType::kRecv;
+      c.endpoint = this;
+      c.status = why;
+      out->push_back(std::move(c));
+    }
+    posted_.clear();
+  }
+
+  bool PeerGone() {
+    if (p_.pidfd) {
+      pollfd pfd{p_.pidfd.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, 0) > 0) return true;
+    }
+    char c;
+    ssize_t n = ::recv(p_.sock.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+
+  absl::Status DirectAccess(OpType op, void* local, size_t len, uint64_t remote_addr,
+                            const RemoteKey& rkey, uint64_t context) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return ClosedError();
+      if (dead_) return dead_status_;
+    }
+    KeySlot* e;
+    uint32_t access = op == OpType::kRead ? kRemoteRead : kRemoteWrite;
+    if (auto st = PinKey(reinterpret_cast<KeySlot*>(p_.peer_keys.get()), p_.peer_key_slots,
+                         rkey, remote_addr, len, access, &e);
+        !st.ok()) {
+      return st;
+    }
+    absl::Status st;
+    // The pidfd guards against a recycled pid: never touch a process that
+    // is not our peer.
+    if (PeerGone()) {
+      st = MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                     absl::StrCat("unet peer pid ", p_.peer_pid, " has exited"),
+                     "reconnect to a live peer");
+    }
+    size_t done = 0;
+    while (st.ok() && done < len) {
+      iovec liov{static_cast<uint8_t*>(local) + done, len - done};
+      iovec riov{reinterpret_cast<void*>(remote_addr + done), len - done};
+      ssize_t n = op == OpType::kRead
+                      ? ::process_vm_readv(p_.peer_pid, &liov, 1, &riov, 1, 0)
+                      : ::process_vm_writev(p_.peer_pid, &liov, 1, &riov, 1, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int err = n < 0 ? errno : EFAULT;
+        st = ErrnoError(err, absl::StrCat(op == OpType::kRead ? "process_vm_readv" : "process_vm_writev",
+                                          " on peer pid ", p_.peer_pid, " failed"),
+                        err == EPERM ? "cross-memory attach was denied; set unet_cma=off to copy "
+                                       "through the segment"
+                                     : "the peer may have unmapped the memory or exited");
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    Unpin(e);
+    if (!st.ok()) return st;
+    Completion c;
+    c.context = context;
+    c.op = op;
+    c.length = len;
+    c.endpoint = this;
+    cq_->Push(std::move(c));
+    return absl::OkStatus();
+  }
+
+  UnetCq* cq_;
+  Parts p_;
+  SegmentHeader* rx_hdr_;
+  SegmentHeader* tx_hdr_;
+  absl::Mutex mu_;
+  RingConsumer<Desc> rx_user_ ABSL_GUARDED_BY(mu_);
+  RingConsumer<Desc> rx_ctl_ ABSL_GUARDED_BY(mu_);
+  RingProducer<FreeSlot> rx_user_free_ ABSL_GUARDED_BY(mu_);
+  RingProducer<FreeSlot> rx_ctl_free_ ABSL_GUARDED_BY(mu_);
+  RingProducer<Desc> tx_user_ ABSL_GUARDED_BY(mu_);
+  RingProducer<Desc> tx_ctl_ ABSL_GUARDED_BY(mu_);
+  RingConsumer<FreeSlot> tx_user_free_ ABSL_GUARDED_BY(mu_);
+  RingConsumer<FreeSlot> tx_ctl_free_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingSend> sendq_ ABSL_GUARDED_BY(mu_);
+  std::deque<PostedRecv> posted_ ABSL_GUARDED_BY(mu_);
+  Incoming user_in_ ABSL_GUARDED_BY(mu_);
+  Incoming ctl_in_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool dead_ ABSL_GUARDED_BY(mu_) = false;
+  bool dead_sends_failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status dead_status_ ABSL_GUARDED_BY(mu_);
+};
+
+size_t UnetEndpoint::Progress(bool check_liveness) {
+  std::vector<std::vector<uint8_t>> control;
+  std::vector<Completion> done;
+  absl::Status emulated_failure;
+  size_t n = 0;
+  bool notify = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return 0;
+    size_t consumed = DrainControlLocked(&control);
+    consumed += DrainUserLocked(&done);
+    n += consumed;
+    if (!sendq_.empty() && !dead_) notify |= PushSendsLocked(&done);
+    // Consuming frees ring slots (and maybe buffers) a sleeping sender may
+    // be waiting for.
+    notify |= consumed > 0;
+    if (!dead_ && check_liveness && PeerGone()) {
+      MarkDeadLocked(MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                               absl::StrCat("unet peer pid ", p_.peer_pid,
+                                            " closed the connection (it exited, was killed or closed the endpoint)"),
+                               "reconnect; data the peer sent before it went away was delivered"));
+    }
+    if (dead_) {
+      // Queued sends and emulated operations can never finish.
+      if (!dead_sends_failed_) {
+        dead_sends_failed_ = true;
+        for (auto& ps : sendq_) {
+          if (ps.type != kUserMsg) continue;
+          Completion c;
+          c.context = ps.context;
+          c.op = OpType::kSend;
+          c.endpoint = this;
+          c.status = dead_status_;
+          done.push_back(std::move(c));
+        }
+        sendq_.clear();
+        emulated_failure = dead_status_;
+      }
+      // Receives fail once everything the peer sent has been consumed.
+      if (!posted_.empty() && rx_user_.Peek() == nullptr) {
+        absl::Status why = dead_status_;
+        if (user_in_.active) {
+          why = MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                          absl::StrCat("unet peer pid ", p_.peer_pid, " went away after ",
+                                       user_in_.got, " of ", user_in_.total,
+                                       " bytes of a message"),
+                          "reconnect and resend");
+          user_in_ = Incoming{};
+        }
+        FlushLocked(why, &done);
+      }
+      n += done.size();
+    }
+  }
+  if (notify) Notify();
+  for (auto& c : done) cq_->Push(std::move(c));
+  for (auto& m : control) DeliverControl(m);
+  if (!emulated_failure.ok()) FailEmulated(emulated_failure);
+  return n;
+}
+
+bool UnetEndpoint::ArmAndCheck() {
+  rx_hdr_->armed.store(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  absl::MutexLock lock(&mu_);
+  if (closed_) return false;
+  if (dead_) return !dead_sends_failed_ || !posted_.empty() || rx_ctl_.Peek() != nullptr;
+  if (rx_ctl_.Peek() != nullptr) return true;
+  if (!posted_.empty() && rx_user_.Peek() != nullptr) return true;
+  if (!sendq_.empty()) {
+    // Progress possible if a descriptor and, if needed, a buffer are free.
+    const PendingSend& ps = sendq_.front();
+    bool ctl = ps.type == kControlMsg;
+    if ((ctl ? tx_ctl_ : tx_user_).TryClaim() != nullptr &&
+        (ps.len <= kInline || (ctl ? tx_ctl_free_ : tx_user_free_).Peek() != nullptr)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// ------------------------------------------------------------ CQ methods
+
+UnetCq::~UnetCq() = default;
+
+void UnetCq::Attach(UnetEndpoint* ep, int watch_fd, int pidfd) {
+  for (int fd : {watch_fd, pidfd}) {
+    if (fd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
+  }
+  absl::MutexLock lock(&mu_);
+  endpoints_.push_back(ep);
+}
+
+void UnetCq::Detach(UnetEndpoint* ep, int watch_fd, int pidfd) {
+  Unwatch(watch_fd);
+  if (pidfd >= 0) Unwatch(pidfd);
+  absl::MutexLock lock(&mu_);
+  endpoints_.erase(std::remove(endpoints_.begin(), endpoints_.end(), ep), endpoints_.end());
+}
+
+size_t UnetCq::Progress() {
+  bool check = check_liveness_.exchange(false, std::memory_order_relaxed);
+  int64_t now = absl::GetCurrentTimeNanos();
+  if (now - last_liveness_ns_.load(std::memory_order_relaxed) > kLivenessIntervalNs) {
+    last_liveness_ns_.store(now, std::memory_order_relaxed);
+    check = true;
+  }
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (UnetEndpoint* ep : endpoints_) n += ep->Progress(check);
+  return n;
+}
+
+bool UnetCq::ArmProvider() {
+  absl::MutexLock lock(&mu_);
+  for (UnetEndpoint* ep : endpoints_) {
+    if (ep->ArmAndCheck()) return false;
+  }
+  return true;
+}
+
+// ------------------------------------------------------------ listener
+
+class UnetListener final : public Listener {
+ public:
+  UnetListener(UnetFabric* fabric, Fd sock, std::string address)
+      : fabric_(fabric), sock_(std::move(sock)), address_(std::move(address)) {}
+
+  std::string address() const override { return address_; }
+  int fd() const override { return sock_.get(); }
+
+  absl::StatusOr<std::unique_ptr<Endpoint>> Accept(CompletionQueue* cq,
+                                                   absl::Duration timeout) override {
+    absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      int fd = ::accept4(sock_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        absl::Duration hs = std::min(fabric_->settings().connect_timeout,
+                                     std::max(deadline - absl::Now(), absl::Seconds(1)));
+        return fabric_->Handshake(Fd(fd), address_, "", cq, absl::Now() + hs);
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return ErrnoError(errno, absl::StrCat("accept on unet address '", address_, "' failed"),
+                          errno == EMFILE ? "raise the fd limit (ulimit -n)" : "");
+      }
+      int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (left_ms <= 0) {
+        return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                         absl::StrCat("no connection arrived on unet address '", address_, "'"),
+                         "");
+      }
+      pollfd pfd{sock_.get(), POLLIN, 0};
+      ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    }
+  }
+
+ private:
+  UnetFabric* fabric_;
+  Fd sock_;
+  std::string address_;
+};
+
+absl::StatusOr<std::unique_ptr<Listener>> UnetFabric::Listen(absl::string_view address) {
+  std::string name(address);
+  if (name.empty()) {
+    static std::atomic<uint32_t> counter{0};
+    name = absl::StrCat("auto-", getpid(), "-", counter.fetch_add(1));
+  }
+  socklen_t len;
+  auto sa = MakeAddr(name, &len);
+  if (!sa.ok()) return sa.status();
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoError(errno, "socket(AF_UNIX) for a unet listener failed");
+  Fd sock(fd);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&*sa), len) != 0) {
+    return ErrnoError(errno, absl::StrCat("binding unet address '", name, "' failed"),
+                      errno == EADDRINUSE ? "another process listens there; pick another name"
+                                          : "");
+  }
+  if (::listen(fd, 1024) != 0) return ErrnoError(errno, "listen on a unet socket failed");
+  return std::unique_ptr<Listener>(new UnetListener(this, std::move(sock), name));
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Connect(absl::string_view address,
+                                                             CompletionQueue* cq,
+                                                             absl::Duration timeout) {
+  socklen_t len;
+  auto sa = MakeAddr(address, &len);
+  if (!sa.ok()) return sa.status();
+  absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(1);
+  for (;;) {
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ErrnoError(errno, "socket(AF_UNIX) for a unet connection failed");
+    Fd sock(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&*sa), len) == 0) {
+      return Handshake(std::move(sock), "", std::string(address), cq, deadline);
+    }
+    int err = errno;
+    if ((err != ECONNREFUSED && err != ENOENT && err != EAGAIN) || absl::Now() + backoff > deadline) {
+      return ErrnoError(err, absl::StrCat("connecting to unet address '", address, "' failed"),
+                        err == ECONNREFUSED || err == ENOENT
+                            ? "start a listener on that address first (same host and network namespace)"
+                            : "");
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Handshake(Fd sock, std::string local,
+                                                                std::string peer,
+                                                                CompletionQueue* cq,
+                                                                absl::Time deadline) {
+  auto* ucq = dynamic_cast<UnetCq*>(cq);
+  if (ucq == nullptr) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "the completion queue does not belong to a unet fabric",
+                     "create the CQ with the same fabric as the endpoint");
+  }
+  int on = 1;
+  if (::setsockopt(sock.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) != 0) {
+    return ErrnoError(errno, "SO_PASSCRED on a unet connection failed");
+  }
+  UnetEndpoint::Parts parts;
+  parts.rx_layout = SegmentLayout::For(settings_.ring_entries, settings_.buffer_size,
+                                       settings_.nbuffers);
+  auto rx_fd = CreateMemfd("zsock-unet-segment", parts.rx_layout.total);
+  if (!rx_fd.ok()) return rx_fd.status();
+  auto rx = MapFd(rx_fd->get(), parts.rx_layout.total, "a unet segment");
+  if (!rx.ok()) return rx.status();
+  {
+    // Initialise my segment: rings empty, every buffer on a free ring.
+    auto* hdr = new (rx->get()) SegmentHeader{};
+    hdr->magic = kSegmentMagic;
+    hdr->version = kVersion;
+    hdr->ring_entries = settings_.ring_entries;
+    hdr->buffer_size = settings_.buffer_size;
+    hdr->nbuffers = settings_.nbuffers;
+    hdr->owner_pid = static_cast<uint32_t>(getpid());
+    const auto& l = parts.rx_layout;
+    for (size_t ring : {l.user_ring, l.ctl_ring}) {
+      auto* d = reinterpret_cast<Desc*>(rx->get() + ring);
+      for (uint32_t i = 0; i < l.ring_entries; ++i) d[i].seq.store(i, std::memory_order_relaxed);
+    }
+    auto* uf = reinterpret_cast<FreeSlot*>(rx->get() + l.user_free);
+    for (uint32_t i = 0; i < l.nbuffers; ++i) {  // full: seq = i + 1
+      uf[i].buf = i;
+      uf[i].seq.store(i + 1, std::memory_order_relaxed);
+    }
+    auto* cf = reinterpret_cast<FreeSlot*>(rx->get() + l.ctl_free);
+    for (uint32_t i = 0; i < kControlBuffers; ++i) {
+      cf[i].buf = l.nbuffers + i;
+      cf[i].seq.store(i + 1, std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  // The probe word lets the peer test cross-memory attach on us; it is set
+  // once per process so concurrent handshakes agree on it.
+  static const uint64_t probe_word =
+      std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
+  const uint64_t probe = probe_word;
+  Hello hello{kSegmentMagic, kVersion, settings_.ring_entries, settings_.buffer_size,
+              settings_.nbuffers, settings_.key_slots, 0, parts.rx_layout.total,
+              reinterpret_cast<uint64_t>(&probe_word), probe};
+  int fds[3] = {rx_fd->get(), ucq->event_fd(), key_fd_.get()};
+  if (auto st = SendHello(sock.get(), hello, fds); !st.ok()) return st;
+  Hello theirs{};
+  Fd their_fds[3];
+  pid_t peer_pid = 0;
+  if (auto st = RecvHello(sock.get(), deadline, &theirs, their_fds, &peer_pid); !st.ok()) return st;
+  parts.peer_pid = peer_pid;
+  parts.tx_layout = SegmentLayout::For(theirs.ring_entries, theirs.buffer_size, theirs.nbuffers);
+  if (auto st = CheckPeerMemfd(their_fds[0].get(), parts.tx_layout.total, "segment"); !st.ok()) return st;
+  size_t keys_size = sizeof(KeySlot) * theirs.key_slots;
+  if (auto st = CheckPeerMemfd(their_fds[2].get(), keys_size, "key table"); !st.ok()) return st;
+  auto tx = MapFd(their_fds[0].get(), parts.tx_layout.total, "the peer's unet segment");
+  if (!tx.ok()) return tx.status();
+  auto keys = MapFd(their_fds[2].get(), keys_size, "the peer's unet key table");
+  if (!keys.ok()) return keys.status();
+  auto* peer_hdr = reinterpret_cast<SegmentHeader*>(tx->get());
+  if (peer_hdr->magic != kSegmentMagic || peer_hdr->ring_entries != theirs.ring_entries ||
+      peer_hdr->nbuffers != theirs.nbuffers || peer_hdr->buffer_size != theirs.buffer_size) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                     "the peer's unet segment does not match its hello",
+                     "the peer is not a compatible zsock unet endpoint");
+  }
+  parts.info.local_address = local;
+  parts.info.peer_address = peer.empty() ? absl::StrCat("unet-pid-", peer_pid) : peer;
+  parts.info.peer_on_host = true;
+  parts.info.atomics = Support::kEmulated;
+  // Cross-memory attach probe: read the peer's probe word.
+  parts.cma = false;
+  if (settings_.cma) {
+    uint64_t seen = 0;
+    iovec liov{&seen, sizeof(seen)};
+    iovec riov{reinterpret_cast<void*>(theirs.probe_addr), sizeof(seen)};
+    ssize_t n = ::process_vm_readv(peer_pid, &liov, 1, &riov, 1, 0);
+    if (n == sizeof(seen) && seen == theirs.probe_value) {
+      parts.cma = true;
+    } else {
+      int err = n < 0 ? errno : EIO;
+      std::string scope = "unset (no Yama LSM)";
+      if (FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
+        int v;
+        if (std::fscanf(f, "%d", &v) == 1) scope = absl::StrCat(v);
+        std::fclose(f);
+      }
+      std::string note = absl::StrCat(
+          "cross-memory attach to pid ", peer_pid, " denied (", std::strerror(err),
+          "; kernel.yama.ptrace_scope=", scope,
+          "): rdma read/write copy through the segment. To enable direct access run both "
+          "processes as the same user without a seccomp filter on process_vm_readv and set "
+          "kernel.yama.ptrace_scope=0 (or grant CAP_SYS_PTRACE)");
+      ZS_LOG(kWarn, "%s", note);
+      parts.info.notes.push_back(note);
+    }
+  } else {
+    parts.info.notes.push_back("unet_cma=off: rdma read/write copy through the segment");
+  }
+  parts.info.rdma_read = parts.cma ? Support::kNative : Support::kEmulated;
+  parts.info.rdma_write = parts.info.rdma_read;
+  int pidfd = PidfdOpen(peer_pid);
+  if (pidfd >= 0) parts.pidfd.reset(pidfd);
+  parts.sock = std::move(sock);
+  parts.rx_fd = std::move(*rx_fd);
+  parts.rx = std::move(*rx);
+  parts.tx = std::move(*tx);
+  parts.peer_event = std::move(their_fds[1]);
+  parts.peer_keys = std::move(*keys);
+  parts.peer_key_slots = theirs.key_slots;
+  return std::unique_ptr<Endpoint>(new UnetEndpoint(this, ucq, std::move(parts)));
+}
+
+const bool kRegistered = RegisterProvider(ProviderInfo{
+    "unet",
+    "U-Net-style user-level endpoints over shared memory (same host; embedded)",
+    {"unet", "unet?cma=off"},
+    [](const FabricSpec& spec) { return UnetFabric::Open(spec); },
+});
+
+}  // namespace
+}  // namespace zsock::unet

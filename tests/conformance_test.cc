@@ -1,0 +1,754 @@
+// The provider conformance suite: one test body per behaviour, instantiated
+// for every provider configuration (see kConfigurations below). Every test
+// runs two real processes: the test process and one or more forked children
+// that open their own fabric. A configuration that cannot be opened on this
+// machine is SKIPPED with the reason the provider gave.
+//
+// Fork rule (docs/provider-interface.md): children fork before the parent
+// creates endpoints, open their own fabric, and leave with _exit.
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/provider.h"
+#include "core/rcache.h"
+#include "gtest/gtest.h"
+#include "tests/conformance_configs.h"
+
+namespace zsock {
+namespace {
+
+constexpr absl::Duration kOpTimeout = absl::Seconds(30);
+
+// ---- child-process helpers ----
+
+[[noreturn]] void ChildFail(const char* file, int line, const std::string& what) {
+  std::fprintf(stderr, "child %d: %s:%d: %s\n", getpid(), file, line, what.c_str());
+  std::fflush(stderr);
+  _exit(1);
+}
+
+#define CHILD_CHECK(cond)                                            \
+  do {                                                               \
+    if (!(cond)) ChildFail(__FILE__, __LINE__, "check failed: " #cond); \
+  } while (0)
+#define CHILD_OK(expr)                                                     \
+  do {                                                                     \
+    absl::Status _st = (expr);                                             \
+    if (!_st.ok()) ChildFail(__FILE__, __LINE__, #expr ": " + _st.ToString()); \
+  } while (0)
+
+// Forks a child running `body`; its return value is the exit status.
+pid_t Spawn(std::function<int()> body) {
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(120);  // a hung child must not hang the suite
+    int rc = body();
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  return pid;
+}
+
+// Waits for a child; returns its exit code, or -signal, or -1000 on timeout.
+int Reap(pid_t pid, absl::Duration timeout = absl::Seconds(120)) {
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) return -WTERMSIG(status);
+    }
+    if (r < 0) return -2000;
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1000;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+// Waits for exactly one completion.
+absl::StatusOr<Completion> WaitOne(CompletionQueue* cq, absl::Duration timeout = kOpTimeout) {
+  Completion c;
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("no completion within the timeout");
+    }
+    auto n = cq->Wait(std::span<Completion>(&c, 1), left);
+    if (!n.ok()) return n.status();
+    if (*n == 1) return c;
+  }
+}
+
+// Waits for a completion and requires it to be OK.
+absl::StatusOr<Completion> WaitOk(CompletionQueue* cq) {
+  auto c = WaitOne(cq);
+  if (!c.ok()) return c.status();
+  if (!c->status.ok()) return c->status;
+  return c;
+}
+
+void Fill(uint8_t* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<uint8_t>(rng());
+}
+
+bool Check(const uint8_t* p, size_t n, uint64_t seed) {
+  std::vector<uint8_t> want(n);
+  Fill(want.data(), n, seed);
+  return n == 0 || std::memcmp(p, want.data(), n) == 0;
+}
+
+// Sends a small blob and waits for its completion.
+absl::Status SendBlob(Endpoint* ep, const std::string& blob) {
+  if (auto st = ep->Send(blob.data(), blob.size(), nullptr, 1); !st.ok()) return st;
+  for (;;) {
+    auto c = WaitOne(ep->cq());
+    if (!c.ok()) return c.status();
+    if (!c->status.ok()) return c->status;
+    if (c->op == OpType::kSend) return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<std::string> RecvBlob(Endpoint* ep, size_t max = 4096) {
+  std::string buf(max, '\0');
+  if (auto st = ep->PostRecv(buf.data(), buf.size(), nullptr, 2); !st.ok()) return st;
+  for (;;) {
+    auto c = WaitOne(ep->cq());
+    if (!c.ok()) return c.status();
+    if (!c->status.ok()) return c->status;
+    if (c->op == OpType::kRecv) {
+      buf.resize(c->length);
+      return buf;
+    }
+  }
+}
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto fabric = Fabric::Open(GetParam());
+    if (!fabric.ok()) {
+      if (fabric.status().code() == absl::StatusCode::kUnavailable ||
+          fabric.status().code() == absl::StatusCode::kNotFound ||
+          fabric.status().code() == absl::StatusCode::kFailedPrecondition) {
+        GTEST_SKIP() << "provider configuration '" << GetParam()
+                     << "' cannot run here: " << fabric.status().message();
+      }
+      FAIL() << fabric.status();
+    }
+    fabric_ = std::move(*fabric);
+    auto cq = fabric_->CreateCq();
+    ASSERT_TRUE(cq.ok()) << cq.status();
+    cq_ = std::move(*cq);
+    auto listener = fabric_->Listen("");
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    listener_ = std::move(*listener);
+  }
+
+  std::unique_ptr<Endpoint> AcceptOne() {
+    auto ep = listener_->Accept(cq_.get(), kOpTimeout);
+    EXPECT_TRUE(ep.ok()) << ep.status();
+    return ep.ok() ? std::move(*ep) : nullptr;
+  }
+
+  // In a child: opens a fabric + CQ and connects to the parent's listener.
+  struct ChildConn {
+    std::unique_ptr<Fabric> fabric;
+    std::unique_ptr<CompletionQueue> cq;
+    std::unique_ptr<Endpoint> ep;
+  };
+  ChildConn ChildConnect() {
+    ChildConn c;
+    auto fabric = Fabric::Open(GetParam());
+    CHILD_OK(fabric.status());
+    c.fabric = std::move(*fabric);
+    auto cq = c.fabric->CreateCq();
+    CHILD_OK(cq.status());
+    c.cq = std::move(*cq);
+    auto ep = c.fabric->Connect(listener_->address(), c.cq.get(), kOpTimeout);
+    CHILD_OK(ep.status());
+    c.ep = std::move(*ep);
+    return c;
+  }
+
+  std::unique_ptr<Fabric> fabric_;
+  std::unique_ptr<CompletionQueue> cq_;
+  std::unique_ptr<Listener> listener_;
+};
+
+TEST_P(Conformance, ConnectAcceptAndExchange) {
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    CHILD_OK(SendBlob(c.ep.get(), "hello from child"));
+    auto reply = RecvBlob(c.ep.get());
+    CHILD_OK(reply.status());
+    CHILD_CHECK(*reply == "hello from parent");
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  auto msg = RecvBlob(ep.get());
+  ASSERT_TRUE(msg.ok()) << msg.status();
+  EXPECT_EQ(*msg, "hello from child");
+  ASSERT_TRUE(SendBlob(ep.get(), "hello from parent").ok());
+  EXPECT_EQ(Reap(child), 0);
+  EXPECT_FALSE(ep->info().peer_address.empty());
+}
+
+// Sizes from 0 B to 16 MiB, around the inline and buffer limits, each
+// checked byte for byte after travelling child -> parent -> child.
+TEST_P(Conformance, SendRecvSizesByteExact) {
+  const std::vector<size_t> sizes = {0, 1, 7, 8, 63, 64, 95, 96, 97, 1000, 4095, 4096,
+                                     4097, 32767, 32768, 32769, 65536, 100001,
+                                     size_t{1} << 20, (size_t{1} << 20) + 3, size_t{16} << 20};
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    std::vector<uint8_t> out(sizes.back()), in(sizes.back());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Fill(out.data(), sizes[i], i);
+      CHILD_OK(c.ep->PostRecv(in.data(), in.size(), nullptr, 100 + i));
+      CHILD_OK(c.ep->Send(out.data(), sizes[i], nullptr, i));
+      bool sent = false, got = false;
+      while (!sent || !got) {
+        auto comp = WaitOk(c.cq.get());
+        CHILD_OK(comp.status());
+        if (comp->op == OpType::kSend) { CHILD_CHECK(comp->context == i); sent = true; }
+        if (comp->op == OpType::kRecv) {
+          CHILD_CHECK(comp->context == 100 + i);
+          CHILD_CHECK(comp->length == sizes[i]);
+          CHILD_CHECK(Check(in.data(), sizes[i], i));
+          got = true;
+        }
+      }
+    }
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  std::vector<uint8_t> buf(sizes.back());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(ep->PostRecv(buf.data(), buf.size(), nullptr, i).ok());
+    auto c = WaitOk(cq_.get());
+    ASSERT_TRUE(c.ok()) << "size " << sizes[i] << ": " << c.status();
+    ASSERT_EQ(c->op, OpType::kRecv);
+    ASSERT_EQ(c->length, sizes[i]);
+    ASSERT_TRUE(Check(buf.data(), sizes[i], i)) << "size " << sizes[i];
+    ASSERT_TRUE(ep->Send(buf.data(), sizes[i], nullptr, 1000 + i).ok());
+    auto s = WaitOk(cq_.get());
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_EQ(s->op, OpType::kSend);
+  }
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Many sends outstanding at once arrive complete and in order.
+TEST_P(Conformance, OrderingWithManyOutstanding) {
+  constexpr int kMessages = 2000;
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    std::vector<std::vector<uint8_t>> msgs(kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+      msgs[i].resize(8 + (i * 7919) % 70000);
+      Fill(msgs[i].data(), msgs[i].size(), i);
+      std::memcpy(msgs[i].data(), &i, sizeof(i));
+      CHILD_OK(c.ep->Send(msgs[i].data(), msgs[i].size(), nullptr, i));
+    }
+    int sent = 0;
+    int next = 0;
+    while (sent < kMessages) {
+      auto comp = WaitOk(c.cq.get());
+      CHILD_OK(comp.status());
+      CHILD_CHECK(comp->op == OpType::kSend);
+      CHILD_CHECK(static_cast<int>(comp->context) == next++);
+      ++sent;
+    }
+    auto done = RecvBlob(c.ep.get());
+    CHILD_OK(done.status());
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  constexpr int kWindow = 32;
+  std::vector<std::vector<uint8_t>> bufs(kWindow, std::vector<uint8_t>(80000));
+  for (int i = 0; i < kWindow; ++i) {
+    ASSERT_TRUE(ep->PostRecv(bufs[i].data(), bufs[i].size(), nullptr, i).ok());
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    auto c = WaitOk(cq_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_EQ(static_cast<int>(c->context), i % kWindow) << "receives completed out of order";
+    uint8_t* p = bufs[i % kWindow].data();
+    int seq;
+    std::memcpy(&seq, p, sizeof(seq));
+    ASSERT_EQ(seq, i);
+    ASSERT_EQ(c->length, 8 + (static_cast<size_t>(i) * 7919) % 70000);
+    std::vector<uint8_t> want(c->length);
+    Fill(want.data(), want.size(), i);
+    std::memcpy(want.data(), &i, sizeof(i));
+    ASSERT_EQ(std::memcmp(p, want.data(), c->length), 0) << "message " << i;
+    if (i + kWindow < kMessages) {
+      ASSERT_TRUE(ep->PostRecv(p, bufs[0].size(), nullptr, i % kWindow).ok());
+    }
+  }
+  ASSERT_TRUE(SendBlob(ep.get(), "done").ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// RDMA write and read at unaligned offsets and across page boundaries.
+TEST_P(Conformance, ReadWriteUnalignedAcrossPages) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t region = 4 * page;
+  std::vector<uint8_t> target(region, 0xee);
+  auto mr = fabric_->RegisterMemory(target.data(), region, kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  struct Case { size_t off, len; };
+  const std::vector<Case> cases = {{0, 1}, {1, 7}, {3, page}, {page - 5, 10},
+                                   {page - 1, 2 * page + 2}, {17, region - 17}, {region - 1, 1}};
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    auto blob = RecvBlob(c.ep.get());
+    CHILD_OK(blob.status());
+    auto key = RemoteKey::Parse(*blob);
+    CHILD_OK(key.status());
+    std::vector<uint8_t> local(region), back(region);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      Fill(local.data(), cases[i].len, 500 + i);
+      CHILD_OK(c.ep->Write(local.data(), cases[i].len, nullptr, key->addr + cases[i].off, *key, i));
+      auto w = WaitOk(c.cq.get());
+      CHILD_OK(w.status());
+      CHILD_CHECK(w->op == OpType::kWrite && w->context == i);
+      std::fill(back.begin(), back.end(), 0);
+      CHILD_OK(c.ep->Read(back.data(), cases[i].len, nullptr, key->addr + cases[i].off, *key, i));
+      auto r = WaitOk(c.cq.get());
+      CHILD_OK(r.status());
+      CHILD_CHECK(r->op == OpType::kRead && r->length == cases[i].len);
+      CHILD_CHECK(Check(back.data(), cases[i].len, 500 + i));
+      CHILD_OK(SendBlob(c.ep.get(), absl::StrCat(i)));  // parent checks its memory
+      auto ack = RecvBlob(c.ep.get());
+      CHILD_OK(ack.status());
+    }
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  ASSERT_TRUE(SendBlob(ep.get(), (*mr)->remote_key().Serialize()).ok());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    // The target keeps polling (emulated RMA is served by its progress).
+    auto idx = RecvBlob(ep.get());
+    ASSERT_TRUE(idx.ok()) << idx.status();
+    ASSERT_EQ(*idx, absl::StrCat(i));
+    EXPECT_TRUE(Check(target.data() + cases[i].off, cases[i].len, 500 + i)) << "case " << i;
+    if (cases[i].off > 0) {
+      // Byte before the range is untouched (from an earlier case or 0xee).
+      EXPECT_TRUE(i > 0 || target[cases[i].off - 1] == 0xee);
+    }
+    ASSERT_TRUE(SendBlob(ep.get(), "ok").ok());
+  }
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Fetch-add and compare-and-swap from two processes at once: exact totals.
+TEST_P(Conformance, AtomicsUnderContentionFromTwoProcesses) {
+  constexpr int kOps = 2000;
+  alignas(64) static uint64_t words[2];
+  words[0] = 0;
+  words[1] = 0;
+  auto mr = fabric_->RegisterMemory(words, sizeof(words), kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  auto client = [&](int id) {
+    return [&, id] {
+      ChildConn c = ChildConnect();
+      auto blob = RecvBlob(c.ep.get());
+      CHILD_OK(blob.status());
+      auto key = RemoteKey::Parse(*blob);
+      CHILD_OK(key.status());
+      std::vector<uint64_t> seen;
+      for (int i = 0; i < kOps; ++i) {
+        uint64_t old = ~0ull;
+        CHILD_OK(c.ep->FetchAdd(&old, key->addr, *key, 1, i));
+        auto comp = WaitOk(c.cq.get());
+        CHILD_OK(comp.status());
+        CHILD_CHECK(comp->op == OpType::kFetchAdd);
+        seen.push_back(old);
+      }
+      // fetch-add returns strictly increasing old values to one client.
+      for (size_t i = 1; i < seen.size(); ++i) CHILD_CHECK(seen[i] > seen[i - 1]);
+      // CAS increment loop on the second word.
+      for (int i = 0; i < kOps; ++i) {
+        uint64_t expected = 0;
+        for (;;) {
+          uint64_t old = 0;
+          CHILD_OK(c.ep->CompareSwap(&old, key->addr + 8, *key, expected, expected + 1, i));
+          auto comp = WaitOk(c.cq.get());
+          CHILD_OK(comp.status());
+          if (old == expected) break;
+          expected = old;
+        }
+      }
+      CHILD_OK(SendBlob(c.ep.get(), absl::StrCat("done", id)));
+      return 0;
+    };
+  };
+  pid_t a = Spawn(client(1));
+  pid_t b = Spawn(client(2));
+  auto ea = AcceptOne();
+  auto eb = AcceptOne();
+  ASSERT_NE(ea, nullptr);
+  ASSERT_NE(eb, nullptr);
+  std::string key = (*mr)->remote_key().Serialize();
+  ASSERT_TRUE(SendBlob(ea.get(), key).ok());
+  ASSERT_TRUE(SendBlob(eb.get(), key).ok());
+  std::string ba(64, 0), bb(64, 0);
+  ASSERT_TRUE(ea->PostRecv(ba.data(), ba.size(), nullptr, 1).ok());
+  ASSERT_TRUE(eb->PostRecv(bb.data(), bb.size(), nullptr, 2).ok());
+  int done = 0;
+  while (done < 2) {
+    auto c = WaitOk(cq_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    if (c->op == OpType::kRecv) ++done;
+  }
+  EXPECT_EQ(__atomic_load_n(&words[0], __ATOMIC_SEQ_CST), uint64_t{2 * kOps});
+  EXPECT_EQ(__atomic_load_n(&words[1], __ATOMIC_SEQ_CST), uint64_t{2 * kOps});
+  EXPECT_EQ(Reap(a), 0);
+  EXPECT_EQ(Reap(b), 0);
+}
+
+// A remote key used outside its bounds or rights is refused, and the
+// target's memory around it is untouched.
+TEST_P(Conformance, RemoteKeyOutOfBoundsIsRefused) {
+  std::vector<uint8_t> memory(3 * 4096, 0x5a);
+  uint8_t* region = memory.data() + 4096;
+  auto mr = fabric_->RegisterMemory(region, 4096, kRemoteRead);  // read-only
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    auto blob = RecvBlob(c.ep.get());
+    CHILD_OK(blob.status());
+    auto key = RemoteKey::Parse(*blob);
+    CHILD_OK(key.status());
+    std::vector<uint8_t> buf(8192, 0x11);
+    // Each bad access must fail, either at once or in its completion.
+    auto expect_refused = [&](absl::Status st) {
+      if (st.ok()) {
+        auto comp = WaitOne(c.cq.get());
+        CHILD_OK(comp.status());
+        CHILD_CHECK(!comp->status.ok());
+      }
+    };
+    expect_refused(c.ep->Read(buf.data(), 16, nullptr, key->addr + 4090, *key, 1));
+    expect_refused(c.ep->Read(buf.data(), 8, nullptr, key->addr - 8, *key, 2));
+    expect_refused(c.ep->Read(buf.data(), 8192, nullptr, key->addr, *key, 3));
+    // Lying about the range in the key must not help: the target checks its
+    // own table.
+    RemoteKey forged = *key;
+    forged.addr -= 4096;
+    forged.length += 8192;
+    expect_refused(c.ep->Read(buf.data(), 16, nullptr, forged.addr, forged, 4));
+    // Write through a read-only key.
+    expect_refused(c.ep->Write(buf.data(), 8, nullptr, key->addr, *key, 5));
+    // Atomics need remote-atomic access.
+    uint64_t old;
+    expect_refused(c.ep->FetchAdd(&old, key->addr, *key, 1, 6));
+    // A valid read still works.
+    CHILD_OK(c.ep->Read(buf.data(), 4096, nullptr, key->addr, *key, 7));
+    auto ok = WaitOk(c.cq.get());
+    CHILD_OK(ok.status());
+    for (size_t i = 0; i < 4096; ++i) CHILD_CHECK(buf[i] == 0x5a);
+    CHILD_OK(SendBlob(c.ep.get(), "done"));
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  ASSERT_TRUE(SendBlob(ep.get(), (*mr)->remote_key().Serialize()).ok());
+  auto done = RecvBlob(ep.get());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(Reap(child), 0);
+  for (size_t i = 0; i < memory.size(); ++i) ASSERT_EQ(memory[i], 0x5a) << "byte " << i;
+}
+
+// Registration cache: hits, LRU eviction and invalidation on munmap; the
+// stale key is refused by the target afterwards.
+TEST_P(Conformance, RegistrationCacheHitsEvictsAndInvalidates) {
+  const size_t len = 64 * 1024;
+  void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  RegistrationCache& cache = fabric_->rcache();
+  RcacheStats before = cache.stats();
+  auto r1 = cache.Get(mem, len, kAccessAll);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  auto r2 = cache.Get(static_cast<uint8_t*>(mem) + 100, 1000, kRemoteRead);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r1->get(), r2->get()) << "a covered sub-range must hit the cache";
+  RcacheStats mid = cache.stats();
+  EXPECT_EQ(mid.hits - before.hits, 1u);
+  EXPECT_EQ(mid.misses - before.misses, 1u);
+  std::string key = (*r1)->remote_key().Serialize();
+  r2->reset();
+  r1->reset();
+
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    auto blob = RecvBlob(c.ep.get());
+    CHILD_OK(blob.status());
+    auto k = RemoteKey::Parse(*blob);
+    CHILD_OK(k.status());
+    uint64_t v = 0;
+    CHILD_OK(c.ep->Read(&v, 8, nullptr, k->addr, *k, 1));
+    CHILD_OK(WaitOk(c.cq.get()).status());
+    CHILD_OK(SendBlob(c.ep.get(), "read1"));
+    auto go = RecvBlob(c.ep.get());  // parent has unmapped the memory
+    CHILD_OK(go.status());
+    absl::Status st = c.ep->Read(&v, 8, nullptr, k->addr, *k, 2);
+    if (st.ok()) {
+      auto comp = WaitOne(c.cq.get());
+      CHILD_OK(comp.status());
+      st = comp->status;
+    }
+    CHILD_CHECK(!st.ok());  // the stale key is refused
+    CHILD_OK(SendBlob(c.ep.get(), "refused"));
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  ASSERT_TRUE(SendBlob(ep.get(), key).ok());
+  auto r = RecvBlob(ep.get());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(munmap(mem, len), 0);
+  EXPECT_EQ(cache.stats().invalidations - before.invalidations, 1u);
+  // A new mapping, possibly at the same address, is registered anew.
+  void* again = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(again, MAP_FAILED);
+  uint64_t misses = cache.stats().misses;
+  auto r3 = cache.Get(again, len, kAccessAll);
+  ASSERT_TRUE(r3.ok());
+  EXPECT_EQ(cache.stats().misses, misses + 1);
+  ASSERT_TRUE(SendBlob(ep.get(), "go").ok());
+  auto refused = RecvBlob(ep.get());
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(*refused, "refused");
+  EXPECT_EQ(Reap(child), 0);
+  r3->reset();
+  munmap(again, len);
+
+  // Eviction: more unused registrations than the cache keeps.
+  RegistrationCache small(
+      [this](void* a, size_t l, uint32_t acc) { return fabric_->RegisterMemory(a, l, acc); },
+      RcacheLimits{1 << 30, 4});
+  std::vector<std::vector<uint8_t>> bufs(8, std::vector<uint8_t>(8192));
+  for (auto& b : bufs) ASSERT_TRUE(small.Get(b.data(), b.size(), kAccessAll).ok());
+  EXPECT_LE(small.stats().entries, 4u);
+  EXPECT_GE(small.stats().evictions, 4u);
+}
+
+// Waiting through the CQ fd inside the application's own epoll set.
+TEST_P(Conformance, WaitThroughCqFdInEpoll) {
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    auto go = RecvBlob(c.ep.get());
+    CHILD_OK(go.status());
+    absl::SleepFor(absl::Milliseconds(200));  // parent is asleep in epoll_wait
+    CHILD_OK(SendBlob(c.ep.get(), "wake up"));
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  std::string buf(64, 0);
+  ASSERT_TRUE(ep->PostRecv(buf.data(), buf.size(), nullptr, 9).ok());
+  ASSERT_TRUE(SendBlob(ep.get(), "go").ok());
+  int epfd = epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(epfd, 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 42;
+  ASSERT_EQ(epoll_ctl(epfd, EPOLL_CTL_ADD, cq_->wait_fd(), &ev), 0);
+  Completion c;
+  bool got = false;
+  int wakeups = 0;
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!got && absl::Now() < deadline) {
+    if (cq_->Arm()) {
+      epoll_event out{};
+      int n = epoll_wait(epfd, &out, 1, 20000);
+      ASSERT_GE(n, 0);
+      if (n == 1) {
+        EXPECT_EQ(out.data.u64, 42u);
+        ++wakeups;
+      }
+    }
+    if (cq_->Poll(std::span<Completion>(&c, 1)) == 1) got = true;
+  }
+  close(epfd);
+  ASSERT_TRUE(got) << "epoll on the CQ fd never reported the message";
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.context, 9u);
+  EXPECT_EQ(buf.substr(0, c.length), "wake up");
+  EXPECT_GE(wakeups, 1);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// A peer killed with SIGKILL mid-transfer fails our operations within one
+// second instead of hanging: sends towards it and receives from it.
+TEST_P(Conformance, PeerKilledMidTransferFailsOperations) {
+  pid_t child = Spawn([&]() -> int {
+    ChildConn c = ChildConnect();
+    // Receive a little, then stall until killed.
+    std::vector<uint8_t> buf(1 << 20);
+    CHILD_OK(c.ep->PostRecv(buf.data(), buf.size(), nullptr, 1));
+    CHILD_OK(WaitOk(c.cq.get()).status());
+    // Start sending a large message the parent will not fully receive.
+    std::vector<uint8_t> big(64 << 20, 7);
+    CHILD_OK(c.ep->Send(big.data(), big.size(), nullptr, 2));
+    for (;;) pause();
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  std::vector<uint8_t> msg(1 << 20, 3);
+  // Many sends outstanding towards a peer that stops receiving.
+  for (int i = 0; i < 64; ++i) ASSERT_TRUE(ep->Send(msg.data(), msg.size(), nullptr, i).ok());
+  // And a receive for the child's 64 MiB message, which never finishes.
+  std::vector<uint8_t> in(1 << 20);
+  ASSERT_TRUE(ep->PostRecv(in.data(), in.size(), nullptr, 1000).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  Completion drain[64];
+  cq_->Poll(drain);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  absl::Time killed = absl::Now();
+  EXPECT_EQ(Reap(child), -SIGKILL);
+  // Every remaining operation completes, with an error, within one second
+  // of the kill.
+  int errors = 0;
+  bool recv_failed = false;
+  absl::Time last_failure = killed;
+  for (;;) {
+    auto c = WaitOne(cq_.get(), absl::Seconds(2));
+    if (!c.ok()) break;
+    if (!c->status.ok()) {
+      ++errors;
+      last_failure = absl::Now();
+      if (c->op == OpType::kRecv) recv_failed = true;
+    }
+  }
+  EXPECT_GT(errors, 0);
+  EXPECT_TRUE(recv_failed) << "the receive from the killed peer never failed";
+  EXPECT_LT(last_failure - killed, absl::Seconds(1))
+      << "operations failed only " << (last_failure - killed) << " after the kill";
+  // New operations fail at once.
+  EXPECT_FALSE(ep->Send(msg.data(), 10, nullptr, 9999).ok());
+}
+
+// 64 endpoints from one child process on one CQ, all live at once.
+TEST_P(Conformance, SixtyFourConcurrentEndpoints) {
+  constexpr int kEndpoints = 64;
+  pid_t child = Spawn([&] {
+    auto fabric = Fabric::Open(GetParam());
+    CHILD_OK(fabric.status());
+    auto cq = (*fabric)->CreateCq();
+    CHILD_OK(cq.status());
+    std::vector<std::unique_ptr<Endpoint>> eps;
+    for (int i = 0; i < kEndpoints; ++i) {
+      auto ep = (*fabric)->Connect(listener_->address(), cq->get(), kOpTimeout);
+      CHILD_OK(ep.status());
+      eps.push_back(std::move(*ep));
+    }
+    std::vector<std::string> in(kEndpoints, std::string(64, 0));
+    std::vector<std::string> out(kEndpoints);
+    for (int i = 0; i < kEndpoints; ++i) {
+      CHILD_OK(eps[i]->PostRecv(in[i].data(), in[i].size(), nullptr, 1000 + i));
+      out[i] = absl::StrCat("endpoint ", i);
+      CHILD_OK(eps[i]->Send(out[i].data(), out[i].size(), nullptr, i));
+    }
+    int recvs = 0, sends = 0;
+    while (recvs < kEndpoints || sends < kEndpoints) {
+      auto c = WaitOk(cq->get());
+      CHILD_OK(c.status());
+      if (c->op == OpType::kSend) { ++sends; continue; }
+      int i = static_cast<int>(c->context) - 1000;
+      CHILD_CHECK(i >= 0 && i < kEndpoints);
+      CHILD_CHECK(in[i].substr(0, c->length) == absl::StrCat("reply ", i));
+      ++recvs;
+    }
+    return 0;
+  });
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  for (int i = 0; i < kEndpoints; ++i) {
+    eps.push_back(AcceptOne());
+    ASSERT_NE(eps.back(), nullptr);
+  }
+  std::vector<std::string> in(kEndpoints, std::string(64, 0));
+  for (int i = 0; i < kEndpoints; ++i) {
+    ASSERT_TRUE(eps[i]->PostRecv(in[i].data(), in[i].size(), nullptr, i).ok());
+  }
+  std::vector<std::string> replies(kEndpoints);
+  int recvs = 0, sends = 0;
+  while (recvs < kEndpoints || sends < kEndpoints) {
+    auto c = WaitOk(cq_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    if (c->op == OpType::kSend) { ++sends; continue; }
+    int i = static_cast<int>(c->context);
+    ASSERT_EQ(c->endpoint, eps[i].get());
+    std::string got = in[i].substr(0, c->length);
+    int n = std::stoi(got.substr(9));
+    replies[i] = absl::StrCat("reply ", n);
+    ASSERT_TRUE(eps[i]->Send(replies[i].data(), replies[i].size(), nullptr, 100 + i).ok());
+    ++recvs;
+  }
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// A message longer than the posted receive fails that receive, loses nothing
+// after it, and the connection stays usable.
+TEST_P(Conformance, OversizedMessageFailsOnlyThatReceive) {
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    std::string big(1000, 'x');
+    CHILD_OK(SendBlob(c.ep.get(), big));
+    CHILD_OK(SendBlob(c.ep.get(), "after"));
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  std::string small(10, 0);
+  ASSERT_TRUE(ep->PostRecv(small.data(), small.size(), nullptr, 1).ok());
+  auto c = WaitOne(cq_.get());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->status.code(), absl::StatusCode::kOutOfRange) << c->status;
+  auto next = RecvBlob(ep.get());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, "after");
+  EXPECT_EQ(Reap(child), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, Conformance,
+                         ::testing::ValuesIn(ConformanceConfigurations()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name;
+                           for (char ch : info.param) {
+                             name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace zsock
