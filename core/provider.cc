@@ -2,6 +2,9 @@
 // base classes.
 #include "core/provider.h"
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -199,6 +202,50 @@ RegistrationCache& Fabric::rcache() {
         limits);
   }
   return *rcache_;
+}
+
+namespace {
+
+// A registration that owns anonymous memory it was allocated with.
+class OwnedRegion final : public MemoryRegion {
+ public:
+  OwnedRegion(std::unique_ptr<MemoryRegion> inner, size_t map_len)
+      : MemoryRegion(inner->addr(), inner->length(), inner->access()),
+        inner_(std::move(inner)),
+        map_len_(map_len) {}
+  ~OwnedRegion() override {
+    void* mem = inner_->addr();
+    inner_.reset();  // deregister before the memory goes
+    ::munmap(mem, map_len_);
+  }
+  void* desc() const override { return inner_->desc(); }
+  RemoteKey remote_key() const override { return inner_->remote_key(); }
+  void Revoke() noexcept override { inner_->Revoke(); }
+
+ private:
+  std::unique_ptr<MemoryRegion> inner_;
+  size_t map_len_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Fabric::AllocateRegistered(size_t len,
+                                                                         uint32_t access) {
+  if (len == 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "cannot allocate an empty registered region", "ask for at least one byte");
+  }
+  void* mem = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return ErrnoError(errno, absl::StrCat("allocating ", len, " bytes for registration failed"),
+                      "lower the size or raise memory limits");
+  }
+  auto mr = RegisterMemory(mem, len, access);
+  if (!mr.ok()) {
+    ::munmap(mem, len);
+    return mr.status();
+  }
+  return std::unique_ptr<MemoryRegion>(new OwnedRegion(std::move(*mr), len));
 }
 
 // ---- Endpoint: defaults emulate through the control channel ----

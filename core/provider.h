@@ -56,6 +56,9 @@ struct Capabilities {
   Support rdma_read = Support::kNone;
   Support rdma_write = Support::kNone;
   Support atomics = Support::kNone;  // 8-byte fetch-add and compare-and-swap
+  // Atomics on memory from Fabric::AllocateRegistered (kNative: the target
+  // need not make progress for them to complete).
+  Support atomics_allocated = Support::kNone;
   size_t max_msg_size = 0;       // largest single Send / PostRecv
   size_t max_rma_size = 0;       // largest single Read / Write
   size_t inline_size = 0;        // sends up to this size complete at once
@@ -280,6 +283,13 @@ class Fabric {
       void* addr, size_t len, uint32_t access) = 0;
   // The fabric's shared pin-down cache over RegisterMemory.
   RegistrationCache& rcache();
+  // Allocates `len` bytes suited for remote access and registers them, like
+  // ucp_mem_map with allocation. The region owns the memory (freed with it).
+  // Providers may place it where peers reach it directly: unet uses a shared
+  // segment, so remote atomics on it are CPU atomics that need no progress
+  // by the target. Default: anonymous pages + RegisterMemory.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegistered(size_t len,
+                                                                          uint32_t access);
 
   virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() = 0;
   // Listens on `address` (provider syntax; "" picks a free one).

@@ -369,6 +369,66 @@ TEST_P(Conformance, ReadWriteUnalignedAcrossPages) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// A peer that may not attach to our memory (here: it runs as another user,
+// so ptrace policy denies cross-memory attach) sees that at connect, says
+// why in its endpoint info, and its RDMA still works by the fallback path.
+TEST_P(Conformance, DeniedCrossMemoryAttachFallsBack) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to start a peer under another uid (denying cross-memory attach)";
+  }
+  std::vector<uint8_t> target(8192, 0);
+  auto mr = fabric_->RegisterMemory(target.data(), target.size(), kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = Spawn([&]() -> int {
+    close(pipefd[0]);
+    char ok = 1;
+    if (setgid(65534) != 0 || setuid(65534) != 0) {
+      ok = 0;  // cannot change uid here (user namespace): report and stop
+      CHILD_CHECK(write(pipefd[1], &ok, 1) == 1);
+      return 0;
+    }
+    CHILD_CHECK(write(pipefd[1], &ok, 1) == 1);
+    ChildConn c = ChildConnect();
+    auto blob = RecvBlob(c.ep.get());
+    CHILD_OK(blob.status());
+    auto key = RemoteKey::Parse(*blob);
+    CHILD_OK(key.status());
+    const EndpointInfo& info = c.ep->info();
+    // Providers that never use cross-memory attach report native here.
+    // An emulated path is always explained in the endpoint's notes.
+    if (info.rdma_write == Support::kEmulated) CHILD_CHECK(!info.notes.empty());
+    std::vector<uint8_t> data(5000), back(5000);
+    Fill(data.data(), data.size(), 77);
+    CHILD_OK(c.ep->Write(data.data(), data.size(), nullptr, key->addr + 100, *key, 1));
+    CHILD_OK(WaitOk(c.cq.get()).status());
+    CHILD_OK(c.ep->Read(back.data(), back.size(), nullptr, key->addr + 100, *key, 2));
+    CHILD_OK(WaitOk(c.cq.get()).status());
+    CHILD_CHECK(Check(back.data(), back.size(), 77));
+    CHILD_OK(SendBlob(c.ep.get(), info.rdma_write == Support::kEmulated ? "emulated" : "native"));
+    return 0;
+  });
+  close(pipefd[1]);
+  char ok = 0;
+  ASSERT_EQ(read(pipefd[0], &ok, 1), 1);
+  close(pipefd[0]);
+  if (!ok) {
+    EXPECT_EQ(Reap(child), 0);
+    GTEST_SKIP() << "setuid(65534) failed here (a user namespace without that uid?)";
+  }
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  ASSERT_TRUE(SendBlob(ep.get(), (*mr)->remote_key().Serialize()).ok());
+  auto how = RecvBlob(ep.get());
+  ASSERT_TRUE(how.ok()) << how.status();
+  if (fabric_->caps().provider == "unet") {
+    EXPECT_EQ(*how, "emulated");
+  }
+  EXPECT_TRUE(Check(target.data() + 100, 5000, 77));
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Fetch-add and compare-and-swap from two processes at once: exact totals.
 TEST_P(Conformance, AtomicsUnderContentionFromTwoProcesses) {
   constexpr int kOps = 2000;
@@ -433,6 +493,73 @@ TEST_P(Conformance, AtomicsUnderContentionFromTwoProcesses) {
   EXPECT_EQ(__atomic_load_n(&words[1], __ATOMIC_SEQ_CST), uint64_t{2 * kOps});
   EXPECT_EQ(Reap(a), 0);
   EXPECT_EQ(Reap(b), 0);
+}
+
+// Atomics on memory from AllocateRegistered from two processes: exact
+// totals. Where the provider says they are native, the target does not poll
+// its CQ at all while they run: they must not need its progress.
+TEST_P(Conformance, AtomicsOnAllocatedMemory) {
+  constexpr int kOps = 5000;
+  auto mr = fabric_->AllocateRegistered(64, kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  auto* words = static_cast<uint64_t*>((*mr)->addr());
+  const bool native = fabric_->caps().atomics_allocated == Support::kNative;
+  auto client = [&] {
+    return [&]() -> int {
+      ChildConn c = ChildConnect();
+      auto blob = RecvBlob(c.ep.get());
+      CHILD_OK(blob.status());
+      auto key = RemoteKey::Parse(*blob);
+      CHILD_OK(key.status());
+      for (int i = 0; i < kOps; ++i) {
+        uint64_t old = 0;
+        CHILD_OK(c.ep->FetchAdd(&old, key->addr, *key, 3, i));
+        CHILD_OK(WaitOk(c.cq.get()).status());
+        uint64_t expected = __atomic_load_n(&old, __ATOMIC_RELAXED) % 7;
+        for (;;) {  // CAS increment of the second word
+          uint64_t seen = 0;
+          CHILD_OK(c.ep->CompareSwap(&seen, key->addr + 8, *key, expected, expected + 1, i));
+          CHILD_OK(WaitOk(c.cq.get()).status());
+          if (seen == expected) break;
+          expected = seen;
+        }
+      }
+      return 0;
+    };
+  };
+  pid_t a = Spawn(client());
+  pid_t b = Spawn(client());
+  auto ea = AcceptOne();
+  auto eb = AcceptOne();
+  ASSERT_NE(ea, nullptr);
+  ASSERT_NE(eb, nullptr);
+  std::string key = (*mr)->remote_key().Serialize();
+  ASSERT_TRUE(SendBlob(ea.get(), key).ok());
+  ASSERT_TRUE(SendBlob(eb.get(), key).ok());
+  if (native) {
+    // No Poll, no Wait: just wait for the children to finish.
+    EXPECT_EQ(Reap(a, absl::Seconds(60)), 0);
+    EXPECT_EQ(Reap(b, absl::Seconds(60)), 0);
+  } else {
+    int exited = 0;
+    std::vector<pid_t> kids = {a, b};
+    absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (exited < 2 && absl::Now() < deadline) {
+      Completion c;
+      cq_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(10)).IgnoreError();
+      for (pid_t& k : kids) {
+        int status;
+        if (k > 0 && waitpid(k, &status, WNOHANG) == k) {
+          EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+          k = 0;
+          ++exited;
+        }
+      }
+    }
+    EXPECT_EQ(exited, 2);
+  }
+  EXPECT_EQ(__atomic_load_n(&words[0], __ATOMIC_SEQ_CST), uint64_t{2 * 3 * kOps});
+  EXPECT_EQ(__atomic_load_n(&words[1], __ATOMIC_SEQ_CST), uint64_t{2 * kOps});
 }
 
 // A remote key used outside its bounds or rights is refused, and the

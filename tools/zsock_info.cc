@@ -30,11 +30,12 @@ void PrintCaps(const std::string& config) {
   }
   const Capabilities& c = (*fabric)->caps();
   std::printf("  %-24s available\n", config.c_str());
-  std::printf("      send/recv %-9s rdma-read %-9s rdma-write %-9s atomics %s\n",
+  std::printf("      send/recv %-9s rdma-read %-9s rdma-write %-9s atomics %s (on allocated memory %s)\n",
               std::string(SupportName(c.send_recv)).c_str(),
               std::string(SupportName(c.rdma_read)).c_str(),
               std::string(SupportName(c.rdma_write)).c_str(),
-              std::string(SupportName(c.atomics)).c_str());
+              std::string(SupportName(c.atomics)).c_str(),
+              std::string(SupportName(c.atomics_allocated)).c_str());
   std::printf("      max-msg %zu  max-rma %zu  inline %zu  registration %s  peers %s  wait-fd %s\n",
               c.max_msg_size, c.max_rma_size, c.inline_size,
               c.registration_required ? "required" : "optional",

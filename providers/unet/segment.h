@@ -102,14 +102,29 @@ struct SegmentLayout {
 // One registration in a fabric's key table (a memfd every peer maps).
 // gen is odd while the registration is live; Revoke makes it even and waits
 // until no peer is inside an access (active == 0).
+//
+// shm_id names the shared segment (Fabric::AllocateRegistered) holding the
+// registration, 0 when it is ordinary process memory: peers holding that
+// segment perform atomics on it directly.
 struct alignas(32) KeySlot {
   std::atomic<uint32_t> gen;
   std::atomic<uint32_t> active;
   uint32_t access;
-  uint32_t reserved;
+  uint32_t shm_id;
   uint64_t addr;
   uint64_t len;
 };
+
+// Sent over the connection's Unix socket with the segment's memfd
+// (SCM_RIGHTS) when a shared registered segment exists or is created.
+struct ShmAnnounce {
+  uint32_t type;  // kShmAnnounce
+  uint32_t id;
+  uint64_t base;  // address in the owner's address space
+  uint64_t size;
+};
+inline constexpr uint32_t kShmAnnounce = 1;
+inline constexpr size_t kMaxPeerSegments = 4096;
 static_assert(sizeof(KeySlot) == 32);
 
 // Producer side of an SPSC ring whose slots carry `seq`.

@@ -34,6 +34,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -510,30 +511,18 @@ class UnetFabric final : public Fabric {
 
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t len,
                                                                uint32_t access) override {
-    if (addr == nullptr || len == 0) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                       "cannot register an empty or null range", "register at least one byte");
-    }
-    uint32_t slot;
-    {
-      absl::MutexLock lock(&mu_);
-      if (free_slots_.empty()) {
-        return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
-                         absl::StrCat("all ", settings_.key_slots, " unet registrations are in use"),
-                         "release registrations, or raise unet_max_registrations "
-                         "(the registration cache evicts unused ones)");
-      }
-      slot = free_slots_.back();
-      free_slots_.pop_back();
-    }
-    KeySlot* e = &key_table()[slot];
-    e->addr = reinterpret_cast<uint64_t>(addr);
-    e->len = len;
-    e->access = access;
-    uint32_t gen = e->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
-    e->gen.store(gen, std::memory_order_release);
-    return std::unique_ptr<MemoryRegion>(new UnetRegion(this, addr, len, access, slot, gen, e));
+    auto r = RegisterSlot(addr, len, access, 0);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<MemoryRegion>(std::move(*r));
   }
+
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegistered(size_t len,
+                                                                   uint32_t access) override;
+
+  // Endpoints announce to their peers every shared segment, now and later.
+  void AttachEndpoint(UnetEndpoint* ep, int sock);
+  void DetachEndpoint(UnetEndpoint* ep);
+  void ForgetShared(uint32_t id);
 
   void ReleaseSlot(uint32_t slot) {
     absl::MutexLock lock(&mu_);
@@ -575,6 +564,7 @@ class UnetFabric final : public Fabric {
     caps_.rdma_read = s.cma ? Support::kNative : Support::kEmulated;
     caps_.rdma_write = caps_.rdma_read;
     caps_.atomics = Support::kEmulated;
+    caps_.atomics_allocated = Support::kNative;
     caps_.max_msg_size = kMaxMessage;
     caps_.max_rma_size = kMaxMessage;
     caps_.inline_size = kInline;
@@ -588,9 +578,48 @@ class UnetFabric final : public Fabric {
     } else {
       caps_.notes.push_back("rdma read/write: copied through the segment (unet_cma=off)");
     }
-    caps_.notes.push_back("atomics: executed by the target's progress engine");
+    caps_.notes.push_back(
+        "atomics: CPU atomics on memory from AllocateRegistered (a shared segment; no "
+        "target progress needed), otherwise executed by the target's progress engine");
     for (uint32_t i = settings_.key_slots; i > 0; --i) free_slots_.push_back(i - 1);
   }
+
+  friend class UnetSharedRegion;
+
+  absl::StatusOr<std::unique_ptr<UnetRegion>> RegisterSlot(void* addr, size_t len,
+                                                          uint32_t access, uint32_t shm_id) {
+    if (addr == nullptr || len == 0) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       "cannot register an empty or null range", "register at least one byte");
+    }
+    uint32_t slot;
+    {
+      absl::MutexLock lock(&mu_);
+      if (free_slots_.empty()) {
+        return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
+                         absl::StrCat("all ", settings_.key_slots, " unet registrations are in use"),
+                         "release registrations, or raise unet_max_registrations "
+                         "(the registration cache evicts unused ones)");
+      }
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    KeySlot* e = &key_table()[slot];
+    e->addr = reinterpret_cast<uint64_t>(addr);
+    e->len = len;
+    e->access = access;
+    e->shm_id = shm_id;
+    uint32_t gen = e->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
+    e->gen.store(gen, std::memory_order_release);
+    return std::make_unique<UnetRegion>(this, addr, len, access, slot, gen, e);
+  }
+
+  struct SharedSeg {
+    uint32_t id;
+    int fd;  // owned by the UnetSharedRegion
+    uint64_t base;
+    uint64_t size;
+  };
 
   Capabilities caps_;
   Settings settings_;
@@ -598,11 +627,97 @@ class UnetFabric final : public Fabric {
   Mapping key_map_;
   absl::Mutex mu_;
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex ep_mu_;
+  std::vector<std::pair<UnetEndpoint*, int>> endpoints_ ABSL_GUARDED_BY(ep_mu_);
+  std::vector<SharedSeg> shared_ ABSL_GUARDED_BY(ep_mu_);
+  uint32_t next_shm_id_ ABSL_GUARDED_BY(ep_mu_) = 1;
 };
 
 UnetRegion::~UnetRegion() {
   Revoke();
   fabric_->ReleaseSlot(slot_);
+}
+
+// Sends one shared segment to a peer. Best effort: a peer that does not get
+// it (full socket buffer) performs atomics on it through emulation instead.
+void AnnounceShared(int sock, uint32_t id, int fd, uint64_t base, uint64_t size) {
+  ShmAnnounce a{kShmAnnounce, id, base, size};
+  iovec iov{&a, sizeof(a)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  if (::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(a)) {
+    ZS_LOG(kInfo, "could not announce shared segment %u to a peer (%s); its atomics on it "
+           "will be emulated", id, std::strerror(errno));
+  }
+}
+
+// Registered memory in a shared segment (memfd) that every peer maps.
+class UnetSharedRegion final : public MemoryRegion {
+ public:
+  UnetSharedRegion(UnetFabric* fabric, uint32_t id, Fd fd, Mapping map,
+                   std::unique_ptr<UnetRegion> reg)
+      : MemoryRegion(reg->addr(), reg->length(), reg->access()),
+        fabric_(fabric), id_(id), fd_(std::move(fd)), map_(std::move(map)), reg_(std::move(reg)) {}
+  ~UnetSharedRegion() override {
+    reg_.reset();  // revokes: peers' key checks fail from here on
+    fabric_->ForgetShared(id_);
+  }
+  RemoteKey remote_key() const override { return reg_->remote_key(); }
+  void Revoke() noexcept override { reg_->Revoke(); }
+
+ private:
+  UnetFabric* fabric_;
+  uint32_t id_;
+  Fd fd_;
+  Mapping map_;
+  std::unique_ptr<UnetRegion> reg_;
+};
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateRegistered(size_t len,
+                                                                             uint32_t access) {
+  if (len == 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "cannot allocate an empty registered region", "ask for at least one byte");
+  }
+  size_t size = (len + 4095) & ~size_t{4095};
+  auto fd = CreateMemfd("zsock-unet-shared", size);
+  if (!fd.ok()) return fd.status();
+  auto map = MapFd(fd->get(), size, "a unet shared segment");
+  if (!map.ok()) return map.status();
+  absl::MutexLock lock(&ep_mu_);
+  uint32_t id = next_shm_id_++;
+  auto reg = RegisterSlot(map->get(), len, access, id);
+  if (!reg.ok()) return reg.status();
+  uint64_t base = reinterpret_cast<uint64_t>(map->get());
+  shared_.push_back({id, fd->get(), base, size});
+  for (const auto& [ep, sock] : endpoints_) AnnounceShared(sock, id, fd->get(), base, size);
+  return std::unique_ptr<MemoryRegion>(
+      new UnetSharedRegion(this, id, std::move(*fd), std::move(*map), std::move(*reg)));
+}
+
+void UnetFabric::AttachEndpoint(UnetEndpoint* ep, int sock) {
+  absl::MutexLock lock(&ep_mu_);
+  endpoints_.emplace_back(ep, sock);
+  for (const auto& seg : shared_) AnnounceShared(sock, seg.id, seg.fd, seg.base, seg.size);
+}
+
+void UnetFabric::DetachEndpoint(UnetEndpoint* ep) {
+  absl::MutexLock lock(&ep_mu_);
+  std::erase_if(endpoints_, [ep](const auto& e) { return e.first == ep; });
+}
+
+void UnetFabric::ForgetShared(uint32_t id) {
+  absl::MutexLock lock(&ep_mu_);
+  std::erase_if(shared_, [id](const SharedSeg& s) { return s.id == id; });
 }
 
 // ------------------------------------------------------------ endpoint
@@ -626,7 +741,7 @@ class UnetEndpoint final : public Endpoint {
   };
 
   UnetEndpoint(UnetFabric* fabric, UnetCq* cq, Parts parts)
-      : Endpoint(fabric, cq), cq_(cq), p_(std::move(parts)) {
+      : Endpoint(fabric, cq), fabric_(fabric), cq_(cq), p_(std::move(parts)) {
     rx_hdr_ = reinterpret_cast<SegmentHeader*>(p_.rx.get());
     tx_hdr_ = reinterpret_cast<SegmentHeader*>(p_.tx.get());
     const auto& rl = p_.rx_layout;
@@ -644,10 +759,12 @@ class UnetEndpoint final : public Endpoint {
     tx_user_free_ = RingConsumer<FreeSlot>(reinterpret_cast<FreeSlot*>(p_.tx.get() + tl.user_free), tl.nbuffers);
     tx_ctl_free_ = RingConsumer<FreeSlot>(reinterpret_cast<FreeSlot*>(p_.tx.get() + tl.ctl_free), kControlBuffers);
     cq_->Attach(this, p_.sock.get(), p_.pidfd.get());
+    fabric->AttachEndpoint(this, p_.sock.get());
   }
 
   ~UnetEndpoint() override {
     Close();
+    fabric_->DetachEndpoint(this);
     cq_->Detach(this, p_.sock.get(), p_.pidfd.get());
   }
 
@@ -680,6 +797,24 @@ class UnetEndpoint final : public Endpoint {
                      const RemoteKey& rkey, uint64_t context) override {
     if (!p_.cma) return Endpoint::Write(local, len, mr, remote_addr, rkey, context);
     return DirectAccess(OpType::kWrite, const_cast<void*>(local), len, remote_addr, rkey, context);
+  }
+
+  absl::Status FetchAdd(uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
+                        uint64_t add, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = DirectAtomic(OpType::kFetchAdd, result, remote_addr, rkey, add, 0,
+                                   context, &handled);
+    if (handled) return st;
+    return Endpoint::FetchAdd(result, remote_addr, rkey, add, context);
+  }
+
+  absl::Status CompareSwap(uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
+                           uint64_t compare, uint64_t swap, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = DirectAtomic(OpType::kCompareSwap, result, remote_addr, rkey, compare,
+                                   swap, context, &handled);
+    if (handled) return st;
+    return Endpoint::CompareSwap(result, remote_addr, rkey, compare, swap, context);
   }
 
   void Close() override {
@@ -995,6 +1130,101 @@ class UnetEndpoint final : public Endpoint {
     posted_.clear();
   }
 
+  // Reads what the peer sent on the connection socket (shared-segment
+  // announcements). Returns false once the socket reports the peer gone.
+  bool ServiceSocketLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (;;) {
+      ShmAnnounce a{};
+      iovec iov{&a, sizeof(a)};
+      // Room for the fd and the credentials SO_PASSCRED adds to every message.
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      ssize_t n = ::recvmsg(p_.sock.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n == 0) return false;
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+      Fd fd;
+      for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+          int f;
+          std::memcpy(&f, CMSG_DATA(cm), sizeof(int));
+          fd.reset(f);
+        }
+      }
+      if (n != sizeof(a) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || a.type != kShmAnnounce ||
+          !fd || a.size == 0 ||
+          a.size > (uint64_t{1} << 40) || peer_shm_.size() >= kMaxPeerSegments ||
+          !CheckPeerMemfd(fd.get(), a.size, "shared segment").ok()) {
+        ZS_LOG(kWarn, "ignoring a malformed message on the unet socket of peer pid %d",
+               p_.peer_pid);
+        continue;
+      }
+      auto map = MapFd(fd.get(), a.size, "a peer's shared segment");
+      if (!map.ok()) continue;  // atomics on it stay emulated
+      peer_shm_[a.id] = PeerShm{std::move(*map), a.base, a.size};
+    }
+  }
+
+  // Performs an atomic with CPU instructions when the target word lies in a
+  // shared segment we hold; sets *handled = false to fall back to emulation.
+  absl::Status DirectAtomic(OpType op, uint64_t* result, uint64_t remote_addr,
+                            const RemoteKey& rkey, uint64_t a, uint64_t b, uint64_t context,
+                            bool* handled) {
+    *handled = false;
+    if (remote_addr % 8 != 0) return absl::OkStatus();  // emulation reports it
+    KeySlot* e;
+    if (!PinKey(reinterpret_cast<KeySlot*>(p_.peer_keys.get()), p_.peer_key_slots, rkey,
+                remote_addr, 8, kRemoteAtomic, &e)
+             .ok()) {
+      return absl::OkStatus();  // let emulation report the refusal from the target
+    }
+    uint32_t shm_id = e->shm_id;
+    uint64_t* word = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_ || dead_) {
+        Unpin(e);
+        *handled = true;
+        return closed_ ? ClosedError() : dead_status_;
+      }
+      if (shm_id != 0) {
+        auto it = peer_shm_.find(shm_id);
+        if (it == peer_shm_.end()) {
+          ServiceSocketLocked();
+          it = peer_shm_.find(shm_id);
+        }
+        if (it != peer_shm_.end() && remote_addr >= it->second.base &&
+            remote_addr - it->second.base <= it->second.size - 8) {
+          word = reinterpret_cast<uint64_t*>(it->second.map.get() + (remote_addr - it->second.base));
+        }
+      }
+    }
+    if (word == nullptr) {
+      Unpin(e);
+      return absl::OkStatus();
+    }
+    uint64_t old;
+    if (op == OpType::kFetchAdd) {
+      old = __atomic_fetch_add(word, a, __ATOMIC_SEQ_CST);
+    } else {
+      old = a;
+      __atomic_compare_exchange_n(word, &old, b, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    Unpin(e);
+    if (result != nullptr) *result = old;
+    *handled = true;
+    Completion c;
+    c.context = context;
+    c.op = op;
+    c.length = 8;
+    c.endpoint = this;
+    cq_->Push(std::move(c));
+    return absl::OkStatus();
+  }
+
   bool PeerGone() {
     if (p_.pidfd) {
       pollfd pfd{p_.pidfd.get(), POLLIN, 0};
@@ -1057,8 +1287,16 @@ class UnetEndpoint final : public Endpoint {
     return absl::OkStatus();
   }
 
+  struct PeerShm {
+    Mapping map;
+    uint64_t base;
+    uint64_t size;
+  };
+
+  UnetFabric* fabric_;
   UnetCq* cq_;
   Parts p_;
+  absl::flat_hash_map<uint32_t, PeerShm> peer_shm_ ABSL_GUARDED_BY(mu_);
   SegmentHeader* rx_hdr_;
   SegmentHeader* tx_hdr_;
   absl::Mutex mu_;
@@ -1096,7 +1334,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
     // Consuming frees ring slots (and maybe buffers) a sleeping sender may
     // be waiting for.
     notify |= consumed > 0;
-    if (!dead_ && check_liveness && PeerGone()) {
+    if (!dead_ && check_liveness && (!ServiceSocketLocked() || PeerGone())) {
       MarkDeadLocked(MakeError(absl::StatusCode::kAborted, ECONNRESET,
                                absl::StrCat("unet peer pid ", p_.peer_pid,
                                             " closed the connection (it exited, was killed or closed the endpoint)"),
@@ -1387,18 +1625,18 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Handshake(Fd sock, std::st
       parts.cma = true;
     } else {
       int err = n < 0 ? errno : EIO;
-      std::string scope = "unset (no Yama LSM)";
+      int scope = -1;  // -1: no Yama LSM
       if (FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
-        int v;
-        if (std::fscanf(f, "%d", &v) == 1) scope = absl::StrCat(v);
+        if (std::fscanf(f, "%d", &scope) != 1) scope = -1;
         std::fclose(f);
       }
       std::string note = absl::StrCat(
           "cross-memory attach to pid ", peer_pid, " denied (", std::strerror(err),
-          "; kernel.yama.ptrace_scope=", scope,
-          "): rdma read/write copy through the segment. To enable direct access run both "
-          "processes as the same user without a seccomp filter on process_vm_readv and set "
-          "kernel.yama.ptrace_scope=0 (or grant CAP_SYS_PTRACE)");
+          scope >= 0 ? absl::StrCat("; kernel.yama.ptrace_scope=", scope) : std::string(),
+          "): rdma read/write copy through the segment. For direct access run both "
+          "processes as the same user (or give this one CAP_SYS_PTRACE) without a seccomp "
+          "filter on process_vm_readv",
+          scope > 0 ? ", and set kernel.yama.ptrace_scope=0" : "");
       ZS_LOG(kWarn, "%s", note);
       parts.info.notes.push_back(note);
     }
