@@ -64,6 +64,24 @@ struct SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) == 192);
 
+// The connection handshake: each side sends one Hello on the Unix socket
+// with three fds (SCM_RIGHTS: its segment, its CQ's eventfd, its key table)
+// and its credentials (SCM_CREDENTIALS).
+struct Hello {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t ring_entries;
+  uint32_t buffer_size;
+  uint32_t nbuffers;
+  uint32_t key_slots;
+  uint32_t reserved;
+  uint64_t segment_size;
+  uint64_t probe_addr;   // address of probe_value in the sender's memory
+                         // (the peer reads it to test cross-memory attach)
+  uint64_t probe_value;
+};
+static_assert(sizeof(Hello) == 56);
+
 // Byte offsets of each part for given parameters.
 struct SegmentLayout {
   uint32_t ring_entries = 0;

@@ -171,18 +171,6 @@ int PidfdOpen(pid_t pid) {
 
 // ------------------------------------------------------------ handshake
 
-struct Hello {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t ring_entries;
-  uint32_t buffer_size;
-  uint32_t nbuffers;
-  uint32_t key_slots;
-  uint32_t reserved;
-  uint64_t segment_size;
-  uint64_t probe_addr;   // address of probe_value in the sender's memory
-  uint64_t probe_value;
-};
 
 // The hello carries the segment fds (SCM_RIGHTS) and our credentials
 // (SCM_CREDENTIALS, checked by the kernel), from which the peer learns our
@@ -782,7 +770,7 @@ class UnetEndpoint final : public Endpoint {
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion*, uint64_t context) override {
     absl::MutexLock lock(&mu_);
     if (closed_) return ClosedError();
-    if (dead_ && !rx_pending_locked()) return dead_status_;
+    if (dead_ && (rx_abandoned_ || !rx_pending_locked())) return dead_status_;
     posted_.push_back({static_cast<uint8_t*>(buf), len, context});
     return absl::OkStatus();
   }
@@ -1098,6 +1086,8 @@ class UnetEndpoint final : public Endpoint {
   }
 
   void MarkDeadLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // After a protocol violation nothing more is read from the peer's rings.
+    if (why.code() == absl::StatusCode::kDataLoss) rx_abandoned_ = true;
     if (dead_) return;
     dead_ = true;
     dead_status_ = std::move(why);
@@ -1315,6 +1305,7 @@ class UnetEndpoint final : public Endpoint {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_sends_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool rx_abandoned_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status dead_status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -1327,8 +1318,9 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return 0;
-    size_t consumed = DrainControlLocked(&control);
-    consumed += DrainUserLocked(&done);
+    size_t consumed = 0;
+    if (!rx_abandoned_) consumed += DrainControlLocked(&control);
+    if (!rx_abandoned_) consumed += DrainUserLocked(&done);
     n += consumed;
     if (!sendq_.empty() && !dead_) notify |= PushSendsLocked(&done);
     // Consuming frees ring slots (and maybe buffers) a sleeping sender may
@@ -1357,9 +1349,9 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
         emulated_failure = dead_status_;
       }
       // Receives fail once everything the peer sent has been consumed.
-      if (!posted_.empty() && rx_user_.Peek() == nullptr) {
+      if (!posted_.empty() && (rx_abandoned_ || rx_user_.Peek() == nullptr)) {
         absl::Status why = dead_status_;
-        if (user_in_.active) {
+        if (user_in_.active && !rx_abandoned_) {
           why = MakeError(absl::StatusCode::kAborted, ECONNRESET,
                           absl::StrCat("unet peer pid ", p_.peer_pid, " went away after ",
                                        user_in_.got, " of ", user_in_.total,
@@ -1384,7 +1376,9 @@ bool UnetEndpoint::ArmAndCheck() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
-  if (dead_) return !dead_sends_failed_ || !posted_.empty() || rx_ctl_.Peek() != nullptr;
+  if (dead_) {
+    return !dead_sends_failed_ || !posted_.empty() || (!rx_abandoned_ && rx_ctl_.Peek() != nullptr);
+  }
   if (rx_ctl_.Peek() != nullptr) return true;
   if (!posted_.empty() && rx_user_.Peek() != nullptr) return true;
   if (!sendq_.empty()) {
