@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/log.h"
 #include "core/status.h"
 
 extern char** environ;
@@ -159,7 +160,7 @@ absl::StatusOr<Config> Config::Load(const std::map<std::string, std::string>& en
     if (!in) {
       if (explicit_file) {
         return ErrnoError(errno, absl::StrCat("cannot read config file ", path),
-                          "fix ZSOCK_CONFIG or create the file");
+                          "point ZSOCK_CONFIG at a readable file, or unset it");
       }
     } else {
       std::string line;
@@ -218,7 +219,16 @@ std::map<std::string, std::string> ZsockEnvironment() {
 }
 
 const absl::StatusOr<Config>& Config::Global() {
-  static const auto* global = new absl::StatusOr<Config>(Load(ZsockEnvironment()));
+  static const auto* global = [] {
+    auto* config = new absl::StatusOr<Config>(Load(ZsockEnvironment()));
+    // Logging sits below config and reads only ZSOCK_LOG_LEVEL; a level set
+    // in the config file is applied here.
+    LogLevel level;
+    if (config->ok() && ParseLogLevel((*config)->GetString("log_level"), &level)) {
+      SetLogLevel(level);
+    }
+    return config;
+  }();
   return *global;
 }
 

@@ -24,7 +24,10 @@ namespace {
 void PrintCaps(const std::string& config) {
   auto fabric = Fabric::Open(config);
   if (!fabric.ok()) {
-    std::printf("  %-24s UNAVAILABLE: %s\n", config.c_str(),
+    const char* what = fabric.status().code() == absl::StatusCode::kInvalidArgument
+                           ? "INVALID CONFIG"
+                           : "UNAVAILABLE";
+    std::printf("  %-24s %s: %s\n", config.c_str(), what,
                 std::string(fabric.status().message()).c_str());
     return;
   }
