@@ -28,7 +28,8 @@ const char* LevelName(LogLevel level) {
 }  // namespace
 
 bool ParseLogLevel(std::string_view text, LogLevel* out) {
-  std::string t = absl::AsciiStrToLower(text);
+  // Debian's absl has its own absl::string_view (not std::string_view).
+  std::string t = absl::AsciiStrToLower(absl::string_view(text.data(), text.size()));
   if (t == "error") *out = LogLevel::kError;
   else if (t == "warn" || t == "warning") *out = LogLevel::kWarn;
   else if (t == "info") *out = LogLevel::kInfo;

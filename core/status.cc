@@ -72,7 +72,10 @@ absl::Status MakeError(absl::StatusCode code, int sys_errno,
                        std::source_location loc) {
   std::string msg(what);
   if (sys_errno != 0) absl::StrAppend(&msg, ": ", std::strerror(sys_errno));
-  if (!fix.empty()) absl::StrAppend(&msg, "; fix: ", fix);
+  // Debian's absl has its own absl::string_view (not std::string_view).
+  if (!fix.empty()) {
+    absl::StrAppend(&msg, "; fix: ", absl::string_view(fix.data(), fix.size()));
+  }
   absl::Status status(code, msg);
   if (sys_errno != 0) {
     status.SetPayload(kErrnoPayload, absl::Cord(absl::StrCat(sys_errno)));
