@@ -15,9 +15,8 @@
 // /proc/self/maps for shmdt.
 //
 // Besides the calls listed in memhooks.h, operator delete is interposed
-// (sanitizers and malloc libraries define it without calling free), and,
-// only when the TSan runtime is present, pthread_create (see
-// t_thread_ready). Sanitizer runtimes call free while initializing
+// (sanitizers and malloc libraries define it without calling free), and, in
+// ThreadSanitizer builds only, pthread_create (see t_thread_ready). Sanitizer runtimes call free while initializing
 // themselves and their threads, so the code reached before a handler can
 // run is compiled without sanitizer instrumentation.
 
@@ -39,6 +38,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "absl/base/config.h"
+
 // The sanitizer allocator interface (<sanitizer/allocator_interface.h>),
 // declared weak so that plain builds link without a sanitizer runtime. Under
 // ASan/TSan, malloc_usable_size() reports an error for pointers the
@@ -56,9 +57,6 @@ extern "C" size_t __sanitizer_get_allocated_size(const volatile void* p)
 // free, and a nested dlsym would free that string a second time.
 extern "C" void __interceptor_free(void* p) __attribute__((weak));
 extern "C" void* __interceptor_realloc(void* p, size_t n) __attribute__((weak));
-
-// Present when the ThreadSanitizer runtime is linked in.
-extern "C" void __tsan_init() __attribute__((weak));
 
 // Code that may run before a sanitizer runtime has initialized (it calls
 // free while setting itself up) must not be instrumented.
@@ -102,12 +100,12 @@ ZSOCK_TLS int t_bypass = 0;
 ZSOCK_TLS bool t_resolving = false;
 // Slot whose handler this thread is running, or -1.
 ZSOCK_TLS int t_running_slot = -1;
-// Under TSan only: whether this thread may run instrumented code (handlers).
-// TSan's thread start-up calls free (pthread_getattr_np) before the thread's
-// TSan state exists, and its teardown after it is gone; an instrumented
-// handler crashes there. Set on the main thread from .preinit_array and on
-// other threads by the pthread_create wrapper below, around the start
-// routine and the thread's C++ thread_local destructors.
+// TSan builds only: whether this thread may run instrumented code
+// (handlers). TSan's thread start-up calls free (pthread_getattr_np) before
+// the thread's TSan state exists, and its teardown after it is gone; an
+// instrumented handler crashes there. Set on the main thread from
+// .preinit_array and on other threads by the pthread_create wrapper below,
+// around the start routine and the thread's C++ thread_local destructors.
 ZSOCK_TLS bool t_thread_ready = false;
 
 // The next definitions (libc or a sanitizer interceptor). Accessed with
@@ -119,7 +117,9 @@ void* g_real_munmap = nullptr;
 void* g_real_mremap = nullptr;
 void* g_real_madvise = nullptr;
 void* g_real_shmdt = nullptr;
+#ifdef ABSL_HAVE_THREAD_SANITIZER
 void* g_real_pthread_create = nullptr;
+#endif
 
 // operator delete and its variants, by mangled name.
 enum DeleteKind {
@@ -181,7 +181,9 @@ ZSOCK_NO_SANITIZE void ResolveAllNext(int, char**, char**) {
   ResolveNext(&g_real_mremap, "mremap");
   ResolveNext(&g_real_madvise, "madvise");
   ResolveNext(&g_real_shmdt, "shmdt");
+#ifdef ABSL_HAVE_THREAD_SANITIZER
   ResolveNext(&g_real_pthread_create, "pthread_create");
+#endif
   for (int i = 0; i < kNumDeleteKinds; ++i) {
     ResolveNext(&g_real_delete[i], kDeleteNames[i]);
   }
@@ -218,11 +220,14 @@ bool EnvEnabled() {
 ZSOCK_NO_SANITIZE inline bool ShouldReport() {
   if (g_installed.load(std::memory_order_relaxed) == 0) return false;
   if (t_bypass != 0) return false;
-  if (&__tsan_init != nullptr && !t_thread_ready) return false;
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+  if (!t_thread_ready) return false;
+#endif
   return EnvEnabled();
 }
 
-// ---- TSan only: marking threads ready (see t_thread_ready) ----
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+// ---- TSan builds only: marking threads ready (see t_thread_ready) ----
 
 struct ThreadStart {
   void* (*fn)(void*);
@@ -243,6 +248,7 @@ void* StartThreadReady(void* p) {
   std::free(p);
   return start.fn(start.arg);
 }
+#endif  // ABSL_HAVE_THREAD_SANITIZER
 
 void Dispatch(uintptr_t addr, size_t len) {
   ++t_bypass;  // handlers' own releases are not reported (no recursion)
@@ -573,14 +579,14 @@ ZSOCK_NO_SANITIZE int shmdt(const void* addr) noexcept {
   return static_cast<int>(syscall(SYS_shmdt, addr));
 }
 
-// Only wraps the start routine when the TSan runtime is present.
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+// TSan builds only: marks the new thread ready (see t_thread_ready).
 int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
                    void* (*start_routine)(void*), void* arg) {
   using Fn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
   auto real = reinterpret_cast<Fn>(
       ResolveNext(&zsock::g_real_pthread_create, "pthread_create"));
   if (real == nullptr) return EAGAIN;
-  if (&__tsan_init == nullptr) return real(thread, attr, start_routine, arg);
   auto* start =
       static_cast<zsock::ThreadStart*>(std::malloc(sizeof(zsock::ThreadStart)));
   if (start == nullptr) return EAGAIN;
@@ -590,6 +596,7 @@ int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
   if (rc != 0) std::free(start);
   return rc;
 }
+#endif  // ABSL_HAVE_THREAD_SANITIZER
 
 }  // extern "C"
 

@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "absl/base/dynamic_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
 #include "core/log.h"
 #include "core/memhooks.h"
@@ -254,6 +255,20 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     DestroyChain(std::move(dead));
     if (hit != nullptr) return hit;
 
+    auto unlink_pending = [this, &pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (pending.prev != nullptr) pending.prev->next = pending.next;
+      else pending_ = pending.next;
+      if (pending.next != nullptr) pending.next->prev = pending.prev;
+      --num_pending_;
+      UpdateTrackedLocked();
+    };
+    // `pending` lives on this stack frame: unlink it even if the callback
+    // (or an allocation) throws.
+    absl::Cleanup unlink_on_throw = [this, &unlink_pending] {
+      WriterLock lock(&mu_);
+      unlink_pending();
+    };
+
     // Register without mu_: it may be slow, and the provider may release
     // memory (re-entering OnMemoryReleased) while doing it.
     absl::StatusOr<std::unique_ptr<MemoryRegion>> reg =
@@ -270,12 +285,10 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
 
     std::shared_ptr<MemoryRegion> result;
     bool stale;
+    std::move(unlink_on_throw).Cancel();
     {
       WriterLock lock(&mu_);
-      if (pending.prev != nullptr) pending.prev->next = pending.next;
-      else pending_ = pending.next;
-      if (pending.next != nullptr) pending.next->prev = pending.prev;
-      --num_pending_;
+      unlink_pending();
       stale = pending.stale;
       if (entry != nullptr && !stale) {
         // Replace the entries the new one covers (all of them, if merged;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -434,6 +435,21 @@ TEST_F(RcacheTest, ReleaseDuringRegistrationRegistersAgain) {
   EXPECT_EQ(tracker_.registrations.load(), 2 + 8);
   EXPECT_EQ(tracker_.destructions.load(), 1 + 8);
   EXPECT_EQ(cache.stats().entries, 1u);
+}
+
+TEST_F(RcacheTest, ThrowingCallbackLeavesNothingBehind) {
+  RegistrationCache& cache = Cache();
+  tracker_.during_registration = [this](uintptr_t addr, size_t) {
+    if (addr == reinterpret_cast<uintptr_t>(P(40))) throw std::runtime_error("boom");
+  };
+  EXPECT_THROW((void)cache.Get(P(40), page_, kLocalRead), std::runtime_error);
+  // Releases walking the in-flight list, and later Gets, still work.
+  NotifyMemoryReleased(P(40), page_);
+  auto r = MustGet(P(41), page_);
+  ASSERT_NE(r, nullptr);
+  NotifyMemoryReleased(P(41), page_);
+  EXPECT_TRUE(Revoked(r));
+  EXPECT_EQ(cache.stats().entries, 0u);
 }
 
 // ---- automatic invalidation through the memory hooks ----
