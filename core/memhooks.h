@@ -4,8 +4,9 @@
 // to freed or unmapped memory must be refused, and a cached registration
 // must not be reused for a new mapping at the same address. Linux offers no
 // cheap notification for this, so zsock interposes the calls that release
-// memory, as UCX's ucm does: free, realloc (when it moves), munmap, mremap,
-// madvise(MADV_DONTNEED/MADV_FREE/MADV_REMOVE) and shmdt. Each interposer
+// memory, as UCX's ucm does: free, realloc (when it moves), reallocarray,
+// operator delete, munmap, mremap, madvise(MADV_DONTNEED/MADV_FREE/
+// MADV_REMOVE) and shmdt. Each interposer
 // reports the released range to the registered handlers *before* the memory
 // is released, then chains to the next definition (libc, or a sanitizer's
 // interceptor) via dlsym(RTLD_NEXT).
@@ -15,6 +16,15 @@
 // being called for ranges they do not cover. Set ZSOCK_MEMHOOKS=off to
 // disable the interposers (then callers must call
 // RegistrationCache::Invalidate themselves before releasing memory).
+//
+// The interposers must be linked into the executable (core:memhooks is
+// linkstatic and alwayslink). Not reported: memory released by libc
+// internally without going through these symbols (e.g. a malloc arena
+// trimmed by brk/madvise, only ever pages whose blocks were already
+// reported free), mmap(MAP_FIXED) or shmat(SHM_REMAP) over existing memory,
+// and raw syscalls. Under ThreadSanitizer, releases on threads not created
+// through pthread_create, and those made during a thread's start-up or
+// after its thread_local destructors, are not reported either.
 #ifndef ZSOCK_CORE_MEMHOOKS_H_
 #define ZSOCK_CORE_MEMHOOKS_H_
 
@@ -28,13 +38,18 @@ using MemoryReleaseHandler = void (*)(void* arg, uintptr_t addr, size_t len);
 // Installs a handler; returns its id (>= 0), or -1 when the table is full
 // (64 handlers).
 int AddMemoryReleaseHandler(MemoryReleaseHandler fn, void* arg);
+// Uninstalls it and waits until no other thread is running it, so `arg` may
+// be destroyed afterwards. Must not be called while holding a lock the
+// handler takes.
 void RemoveMemoryReleaseHandler(int id);
 
 // Whether the interposers are active in this process (they are unless
 // ZSOCK_MEMHOOKS=off, or the binary was linked without them).
 bool MemoryHooksActive();
 
-// Reports a release to all handlers (what the interposers call).
+// Reports a release to all handlers (what the interposers call). Explicit
+// calls are delivered even with ZSOCK_MEMHOOKS=off, but not from inside a
+// handler or a ScopedMemoryHookBypass; empty ranges are ignored.
 void NotifyMemoryReleased(const void* addr, size_t len);
 
 // While alive, releases by this thread are not reported (used by zsock's own

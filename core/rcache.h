@@ -11,9 +11,28 @@
 // remote key is revoked at once (MemoryRegion::Revoke) and the entry leaves
 // the cache, so a later Get() of the same address registers anew and a peer
 // holding the old key is refused. Invalidate() does the same on request.
+// Revocation is immediate; deregistration (destroying the cache's reference
+// to the region) happens at the next Get/Invalidate/Flush, because it may
+// not run inside free(). An entry a caller still holds is revoked but stays
+// alive, registered, until the caller drops it.
+//
+// A miss whose page range overlaps cached entries registers the union of
+// them all (with the union of their access) and replaces them; entries
+// replaced while callers hold them leave the index but are still revoked
+// when their memory is released. If the merged registration fails, the
+// caller's own range is registered instead.
+//
+// Registration runs without the cache's lock. If memory in the range being
+// registered is released meanwhile, that registration is discarded and Get
+// registers again (up to 8 times, then fails with Unavailable/EAGAIN).
+//
+// The cache must outlive the regions it hands out for them to be revoked on
+// release; regions held past the cache's destruction stay registered until
+// dropped.
 #ifndef ZSOCK_CORE_RCACHE_H_
 #define ZSOCK_CORE_RCACHE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -34,12 +53,12 @@ struct RcacheLimits {
 };
 
 struct RcacheStats {
-  uint64_t hits = 0;
-  uint64_t misses = 0;
-  uint64_t evictions = 0;
-  uint64_t invalidations = 0;
-  size_t entries = 0;
-  size_t bytes = 0;
+  uint64_t hits = 0;           // Get calls served from the cache
+  uint64_t misses = 0;         // Get calls that registered (or failed to)
+  uint64_t evictions = 0;      // entries dropped for the limits
+  uint64_t invalidations = 0;  // registrations revoked by a release/Invalidate
+  size_t entries = 0;          // entries in the index now
+  size_t bytes = 0;            // bytes they cover
 };
 
 class RegistrationCache {
@@ -55,26 +74,63 @@ class RegistrationCache {
 
   absl::StatusOr<std::shared_ptr<MemoryRegion>> Get(void* addr, size_t len,
                                                     uint32_t access);
-  // Revokes and drops every entry overlapping [addr, addr + len).
+  // Revokes and drops every entry overlapping [addr, addr + len) (including
+  // replaced entries callers still hold).
   void Invalidate(const void* addr, size_t len);
-  // Drops every unreferenced entry.
+  // Drops (deregisters) every unreferenced entry; not counted as evictions.
   void Flush();
   RcacheStats stats() const;
 
  private:
   struct Entry;
+  struct Pending;
+  using Index = std::map<uintptr_t, std::shared_ptr<Entry>>;
+
   static void OnMemoryReleased(void* self, uintptr_t addr, size_t len);
-  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveLocked(std::map<uintptr_t, std::shared_ptr<Entry>>::iterator it)
+  // First indexed entry overlapping [start, end), or by_addr_.end().
+  Index::const_iterator FirstOverlapLocked(uintptr_t start, uintptr_t end) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether anything tracked (indexed, detached or being registered)
+  // overlaps [start, end).
+  bool OverlapsLocked(uintptr_t start, uintptr_t end) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Revokes every entry overlapping [start, end), moves them onto the `dead`
+  // chain and marks overlapping registrations in flight stale. Allocates
+  // nothing (it runs inside free()).
+  void InvalidateLocked(uintptr_t start, uintptr_t end,
+                        std::shared_ptr<Entry>* dead)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictLocked(std::shared_ptr<Entry>* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes an entry out of the index and the LRU list; returns the cache's
+  // reference to it.
+  std::shared_ptr<Entry> RemoveLocked(Index::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the graveyard and unreferenced detached entries onto `dead`.
+  void CollectDeadLocked(std::shared_ptr<Entry>* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateTrackedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RegisterFn register_;
   RcacheLimits limits_;
   int hook_id_ = -1;
   mutable absl::Mutex mu_;
   // Keyed by start address; entries never overlap each other.
-  std::map<uintptr_t, std::shared_ptr<Entry>> by_addr_ ABSL_GUARDED_BY(mu_);
+  Index by_addr_ ABSL_GUARDED_BY(mu_);
   std::list<Entry*> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent
+  // Entries replaced in the index (by a merged registration) while callers
+  // still held them: not used for hits, but still revoked on release.
+  std::list<std::shared_ptr<Entry>> detached_ ABSL_GUARDED_BY(mu_);
+  // Registrations in progress without mu_ (intrusive list on Get's stack).
+  Pending* pending_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t num_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  // Entries invalidated by the release handler, which may not deregister
+  // inside free(); destroyed by the next Get/Invalidate/Flush (a chain
+  // through Entry::next_dead, so that pushing allocates nothing).
+  std::shared_ptr<Entry> graveyard_ ABSL_GUARDED_BY(mu_);
+  // by_addr_.size() + detached_.size() + num_pending_, readable without mu_:
+  // the release handler returns at once when it is zero.
+  std::atomic<size_t> tracked_{0};
   RcacheStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

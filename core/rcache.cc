@@ -1,0 +1,496 @@
+// The registration (pin-down) cache (see rcache.h).
+//
+// Policies:
+//  - Entries are page-aligned and never overlap. A miss whose range overlaps
+//    cached entries registers their union, with the union of their access,
+//    and replaces them: unreferenced ones are deregistered; referenced ones
+//    leave the index but stay alive for their holders ("detached") and are
+//    still revoked when their memory is released.
+//  - Neither the registration callback nor deregistration (destroying a
+//    region) runs under mu_. A release overlapping a registration in flight
+//    marks it stale: Get discards it and registers again (bounded).
+//  - The release handler runs inside free(): it only revokes, unlinks and
+//    moves references onto a chain (no allocation, no deregistration, since a
+//    provider's deregistration may take locks the releasing thread holds);
+//    the next Get/Invalidate/Flush deregisters those entries.
+//  - Every mu_-held section runs under ScopedMemoryHookBypass, so memory the
+//    cache frees while holding mu_ (map and list nodes) does not re-enter
+//    the handler on this thread; and since the hooks never call a handler on
+//    a bypassed thread, the handler never runs on a thread holding mu_.
+//    Frees skipped this way are of the cache's own small nodes, which never
+//    hold registered user data.
+//
+// Hand-written: the caches in libfabric and UCX are internal to them.
+
+#include "core/rcache.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <iterator>
+#include <utility>
+
+#include "absl/base/dynamic_annotations.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_format.h"
+#include "core/log.h"
+#include "core/memhooks.h"
+#include "core/status.h"
+
+namespace zsock {
+
+struct RegistrationCache::Entry {
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  uint32_t access = 0;
+  std::shared_ptr<MemoryRegion> region;  // the cache's own reference
+  std::list<Entry*>::iterator lru_pos;   // valid while indexed
+  // Link of the graveyard / dead chains (pushing allocates nothing).
+  std::shared_ptr<Entry> next_dead;
+
+  size_t bytes() const { return end - start; }
+  // Whether a caller holds the region. Callers only get copies from Get,
+  // under mu_, so a count of 1 seen under mu_ stays 1 until mu_ is released.
+  bool InUse() const { return region.use_count() > 1; }
+};
+
+// A registration running without mu_, linked on Get's stack.
+struct RegistrationCache::Pending {
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  bool stale = false;  // memory in [start, end) was released meanwhile
+  Pending* prev = nullptr;
+  Pending* next = nullptr;
+};
+
+namespace {
+
+// How many times Get registers before giving up on memory that keeps being
+// released while it is registered.
+constexpr int kMaxAttempts = 8;
+
+// Debian's absl::Mutex is built without ThreadSanitizer annotations, so TSan
+// cannot see its happens-before edges; these guards annotate them (no-ops
+// in other builds). Both also bypass the memory hooks while the lock is held:
+// the bypass member is constructed before locking and destroyed after
+// unlocking.
+class ABSL_SCOPED_LOCKABLE WriterLock {
+ public:
+  explicit WriterLock(absl::Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu)
+      : mu_(mu) {
+    mu_->Lock();
+    ABSL_ANNOTATE_RWLOCK_ACQUIRED(mu_, 1);
+  }
+  ~WriterLock() ABSL_UNLOCK_FUNCTION() {
+    ABSL_ANNOTATE_RWLOCK_RELEASED(mu_, 1);
+    mu_->Unlock();
+  }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  ScopedMemoryHookBypass bypass_;
+  absl::Mutex* const mu_;
+};
+
+class ABSL_SCOPED_LOCKABLE ReaderLock {
+ public:
+  explicit ReaderLock(absl::Mutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu)
+      : mu_(mu) {
+    mu_->ReaderLock();
+    ABSL_ANNOTATE_RWLOCK_ACQUIRED(mu_, 0);
+  }
+  ~ReaderLock() ABSL_UNLOCK_FUNCTION() {
+    ABSL_ANNOTATE_RWLOCK_RELEASED(mu_, 0);
+    mu_->ReaderUnlock();
+  }
+  ReaderLock(const ReaderLock&) = delete;
+  ReaderLock& operator=(const ReaderLock&) = delete;
+
+ private:
+  ScopedMemoryHookBypass bypass_;
+  absl::Mutex* const mu_;
+};
+
+uintptr_t PageSize() {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// [*start, *end): [addr, addr + len) widened to whole pages. False if it
+// wraps around the address space.
+bool PageRange(uintptr_t addr, size_t len, uintptr_t* start, uintptr_t* end) {
+  const uintptr_t page = PageSize();
+  uintptr_t last, up;
+  if (__builtin_add_overflow(addr, len, &last) ||
+      __builtin_add_overflow(last, page - 1, &up)) {
+    return false;
+  }
+  *start = addr & ~(page - 1);
+  *end = up & ~(page - 1);
+  return true;
+}
+
+// The first entry of `index` overlapping [start, end), or index.end().
+template <typename Index>
+auto FirstOverlap(Index& index, uintptr_t start, uintptr_t end)
+    -> decltype(index.begin()) {
+  auto it = index.upper_bound(start);
+  if (it != index.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second->end > start) return prev;
+  }
+  if (it != index.end() && it->first < end) return it;
+  return index.end();
+}
+
+template <typename EntryPtr>
+void PushDead(EntryPtr e, EntryPtr* chain) {
+  e->next_dead = std::move(*chain);
+  *chain = std::move(e);
+}
+
+// Drops the chain's references one by one (iteratively: no deep recursion).
+// Regions whose last reference this was are deregistered here.
+template <typename EntryPtr>
+void DestroyChain(EntryPtr head) {
+  while (head != nullptr) {
+    EntryPtr next = std::move(head->next_dead);
+    head.reset();
+    head = std::move(next);
+  }
+}
+
+}  // namespace
+
+RegistrationCache::RegistrationCache(RegisterFn reg, RcacheLimits limits)
+    : register_(std::move(reg)), limits_(limits) {
+  hook_id_ = AddMemoryReleaseHandler(&RegistrationCache::OnMemoryReleased, this);
+  if (hook_id_ < 0) {
+    ZS_LOG(kWarn,
+           "rcache: the memory-release handler table is full (64), so this "
+           "cache is not invalidated when memory is released; fix: create "
+           "fewer caches, or call Invalidate() before releasing memory");
+  } else if (!MemoryHooksActive()) {
+    ZS_LOG(kInfo,
+           "rcache: memory-release hooks are inactive (ZSOCK_MEMHOOKS=off, or "
+           "core:memhooks not linked into the executable); callers must call "
+           "Invalidate() before releasing registered memory");
+  }
+}
+
+RegistrationCache::~RegistrationCache() {
+  // Waits for handler calls in progress on other threads.
+  if (hook_id_ >= 0) RemoveMemoryReleaseHandler(hook_id_);
+  std::shared_ptr<Entry> dead;
+  {
+    WriterLock lock(&mu_);
+    while (!by_addr_.empty()) PushDead(RemoveLocked(by_addr_.begin()), &dead);
+    for (auto& d : detached_) PushDead(std::move(d), &dead);
+    detached_.clear();
+    CollectDeadLocked(&dead);
+    UpdateTrackedLocked();
+  }
+  // Regions still held by callers stay alive (and registered) for them.
+  DestroyChain(std::move(dead));
+}
+
+absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
+    void* addr, size_t len, uint32_t access) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  if (len == 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, 0,
+                     "rcache: cannot register an empty range",
+                     "pass a length of at least 1 byte");
+  }
+  uintptr_t start, end;
+  if (!PageRange(a, len, &start, &end)) {
+    return MakeError(
+        absl::StatusCode::kInvalidArgument, 0,
+        absl::StrFormat("rcache: range at %#x of %u bytes wraps around the "
+                        "address space",
+                        a, len),
+        "pass a valid buffer");
+  }
+
+  bool merge = true;
+  for (int attempt = 0;; ++attempt) {
+    std::shared_ptr<Entry> dead;
+    std::shared_ptr<MemoryRegion> hit;
+    Pending pending;
+    uint32_t reg_access = access;
+    {
+      WriterLock lock(&mu_);
+      CollectDeadLocked(&dead);
+      auto it = by_addr_.upper_bound(start);
+      if (it != by_addr_.begin()) {
+        Entry* e = std::prev(it)->second.get();
+        if (e->start <= start && end <= e->end &&
+            (e->access & access) == access) {
+          lru_.splice(lru_.begin(), lru_, e->lru_pos);
+          if (attempt == 0) ++stats_.hits;
+          hit = e->region;
+        }
+      }
+      if (hit == nullptr) {
+        if (attempt == 0) ++stats_.misses;
+        pending.start = start;
+        pending.end = end;
+        if (merge) {
+          for (auto o = FirstOverlap(by_addr_, start, end);
+               o != by_addr_.end() && o->first < end; ++o) {
+            pending.start = std::min(pending.start, o->second->start);
+            pending.end = std::max(pending.end, o->second->end);
+            reg_access |= o->second->access;
+          }
+        }
+        pending.next = pending_;
+        if (pending_ != nullptr) pending_->prev = &pending;
+        pending_ = &pending;
+        ++num_pending_;
+        UpdateTrackedLocked();
+      }
+    }
+    DestroyChain(std::move(dead));
+    if (hit != nullptr) return hit;
+
+    auto unlink_pending = [this, &pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (pending.prev != nullptr) pending.prev->next = pending.next;
+      else pending_ = pending.next;
+      if (pending.next != nullptr) pending.next->prev = pending.prev;
+      --num_pending_;
+      UpdateTrackedLocked();
+    };
+    // `pending` lives on this stack frame: unlink it even if the callback
+    // (or an allocation) throws.
+    absl::Cleanup unlink_on_throw = [this, &unlink_pending] {
+      WriterLock lock(&mu_);
+      unlink_pending();
+    };
+
+    // Register without mu_: it may be slow, and the provider may release
+    // memory (re-entering OnMemoryReleased) while doing it.
+    absl::StatusOr<std::unique_ptr<MemoryRegion>> reg =
+        register_(reinterpret_cast<void*>(pending.start),
+                  pending.end - pending.start, reg_access);
+    std::shared_ptr<Entry> entry;
+    if (reg.ok() && *reg != nullptr) {
+      entry = std::make_shared<Entry>();
+      entry->start = pending.start;
+      entry->end = pending.end;
+      entry->access = reg_access;
+      entry->region = std::shared_ptr<MemoryRegion>(std::move(*reg));
+    }
+
+    std::shared_ptr<MemoryRegion> result;
+    bool stale;
+    std::move(unlink_on_throw).Cancel();
+    {
+      WriterLock lock(&mu_);
+      unlink_pending();
+      stale = pending.stale;
+      if (entry != nullptr && !stale) {
+        // Replace the entries the new one covers (all of them, if merged;
+        // entries added meanwhile by other threads, too).
+        for (auto o = FirstOverlap(by_addr_, entry->start, entry->end);
+             o != by_addr_.end() && o->first < entry->end;) {
+          auto next = std::next(o);
+          std::shared_ptr<Entry> old = RemoveLocked(o);
+          if (old->InUse()) {
+            detached_.push_front(std::move(old));
+          } else {
+            PushDead(std::move(old), &dead);
+          }
+          o = next;
+        }
+        by_addr_.emplace(entry->start, entry);
+        lru_.push_front(entry.get());
+        entry->lru_pos = lru_.begin();
+        ++stats_.entries;
+        stats_.bytes += entry->bytes();
+        result = entry->region;
+        EvictLocked(&dead);
+      }
+      UpdateTrackedLocked();
+    }
+    const bool was_merged = pending.start != start || pending.end != end ||
+                            reg_access != access;
+    if (stale) entry.reset();  // never handed out: deregister
+    DestroyChain(std::move(dead));
+
+    if (!reg.ok()) {
+      // A merged range may fail where the caller's own would not (part of it
+      // unmapped while hooks are off, say): retry without merging.
+      if (merge && was_merged && attempt + 1 < kMaxAttempts) {
+        merge = false;
+        continue;
+      }
+      return reg.status();
+    }
+    if (entry == nullptr && !stale) {
+      return MakeError(absl::StatusCode::kInternal, 0,
+                       "rcache: the registration callback returned no region",
+                       "fix the provider's RegisterMemory");
+    }
+    if (stale) {
+      if (attempt + 1 < kMaxAttempts) continue;
+      return ErrnoError(
+          EAGAIN,
+          absl::StrFormat("rcache: memory in [%#x, %#x) was released while it "
+                          "was being registered, %d times in a row",
+                          pending.start, pending.end, kMaxAttempts),
+          "retry; if the buffer itself was released, the caller has a "
+          "use-after-free");
+    }
+    return result;
+  }
+}
+
+void RegistrationCache::Invalidate(const void* addr, size_t len) {
+  if (len == 0) return;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t end;
+  if (__builtin_add_overflow(start, len, &end)) end = UINTPTR_MAX;
+  std::shared_ptr<Entry> dead;
+  {
+    WriterLock lock(&mu_);
+    InvalidateLocked(start, end, &dead);
+    CollectDeadLocked(&dead);
+  }
+  DestroyChain(std::move(dead));
+}
+
+void RegistrationCache::Flush() {
+  std::shared_ptr<Entry> dead;
+  {
+    WriterLock lock(&mu_);
+    for (auto it = by_addr_.begin(); it != by_addr_.end();) {
+      auto next = std::next(it);
+      if (!it->second->InUse()) PushDead(RemoveLocked(it), &dead);
+      it = next;
+    }
+    CollectDeadLocked(&dead);
+  }
+  DestroyChain(std::move(dead));
+}
+
+RcacheStats RegistrationCache::stats() const {
+  ReaderLock lock(&mu_);
+  return stats_;
+}
+
+// Runs inside free()/munmap()/... on the releasing thread, with the hooks
+// bypassed on it (so this thread holds no mu_: every mu_ holder is
+// bypassed). Allocates nothing and does not deregister.
+void RegistrationCache::OnMemoryReleased(void* self, uintptr_t addr,
+                                         size_t len) {
+  auto* cache = static_cast<RegistrationCache*>(self);
+  if (len == 0 || cache->tracked_.load(std::memory_order_acquire) == 0) return;
+  uintptr_t end;
+  if (__builtin_add_overflow(addr, len, &end)) end = UINTPTR_MAX;
+  {
+    // Most releases touch no cached memory: check under the shared lock.
+    ReaderLock lock(&cache->mu_);
+    if (!cache->OverlapsLocked(addr, end)) return;
+  }
+  WriterLock lock(&cache->mu_);
+  cache->InvalidateLocked(addr, end, &cache->graveyard_);
+}
+
+RegistrationCache::Index::const_iterator RegistrationCache::FirstOverlapLocked(
+    uintptr_t start, uintptr_t end) const {
+  return FirstOverlap(by_addr_, start, end);
+}
+
+bool RegistrationCache::OverlapsLocked(uintptr_t start, uintptr_t end) const {
+  if (FirstOverlapLocked(start, end) != by_addr_.end()) return true;
+  for (const auto& d : detached_) {
+    if (d->start < end && start < d->end) return true;
+  }
+  for (const Pending* p = pending_; p != nullptr; p = p->next) {
+    if (p->start < end && start < p->end) return true;
+  }
+  return false;
+}
+
+void RegistrationCache::InvalidateLocked(uintptr_t start, uintptr_t end,
+                                         std::shared_ptr<Entry>* dead) {
+  for (auto it = FirstOverlap(by_addr_, start, end);
+       it != by_addr_.end() && it->first < end;) {
+    auto next = std::next(it);
+    it->second->region->Revoke();
+    PushDead(RemoveLocked(it), dead);
+    ++stats_.invalidations;
+    it = next;
+  }
+  for (auto it = detached_.begin(); it != detached_.end();) {
+    if ((*it)->start < end && start < (*it)->end) {
+      (*it)->region->Revoke();
+      PushDead(std::move(*it), dead);
+      it = detached_.erase(it);
+      ++stats_.invalidations;
+    } else {
+      ++it;
+    }
+  }
+  for (Pending* p = pending_; p != nullptr; p = p->next) {
+    if (p->start < end && start < p->end) p->stale = true;
+  }
+  UpdateTrackedLocked();
+}
+
+void RegistrationCache::EvictLocked(std::shared_ptr<Entry>* dead) {
+  auto over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stats_.bytes > limits_.max_bytes ||
+           stats_.entries > limits_.max_entries;
+  };
+  // Walk from the least recently used end; `it` is the element after the
+  // candidate and stays valid when the candidate is erased.
+  auto it = lru_.end();
+  while (over() && it != lru_.begin()) {
+    auto candidate = std::prev(it);
+    Entry* e = *candidate;
+    if (e->InUse()) {
+      it = candidate;
+      continue;
+    }
+    PushDead(RemoveLocked(by_addr_.find(e->start)), dead);
+    ++stats_.evictions;
+  }
+}
+
+std::shared_ptr<RegistrationCache::Entry> RegistrationCache::RemoveLocked(
+    Index::iterator it) {
+  std::shared_ptr<Entry> e = std::move(it->second);
+  lru_.erase(e->lru_pos);
+  by_addr_.erase(it);
+  --stats_.entries;
+  stats_.bytes -= e->bytes();
+  return e;
+}
+
+void RegistrationCache::CollectDeadLocked(std::shared_ptr<Entry>* dead) {
+  if (graveyard_ != nullptr) {
+    std::shared_ptr<Entry>* tail = &graveyard_;
+    while (*tail != nullptr) tail = &(*tail)->next_dead;
+    *tail = std::move(*dead);
+    *dead = std::move(graveyard_);
+  }
+  for (auto it = detached_.begin(); it != detached_.end();) {
+    if (!(*it)->InUse()) {
+      PushDead(std::move(*it), dead);
+      it = detached_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  UpdateTrackedLocked();
+}
+
+void RegistrationCache::UpdateTrackedLocked() {
+  tracked_.store(by_addr_.size() + detached_.size() + num_pending_,
+                 std::memory_order_release);
+}
+
+}  // namespace zsock
