@@ -406,10 +406,29 @@ bool InterposersInEffect() {
   return ours;
 }
 
+// In a child after fork() the parent's handlers must not run: their caches
+// belong to the parent, and their revocations would write to key tables the
+// child shares with the parent (MAP_SHARED), revoking the parent's keys.
+// Only the forking thread exists in the child, so plain stores suffice.
+void ForgetHandlersInChild() {
+  for (Slot& slot : g_slots) {
+    slot.fn.store(nullptr, std::memory_order_relaxed);
+    slot.arg.store(nullptr, std::memory_order_relaxed);
+    slot.active.store(0, std::memory_order_relaxed);
+    slot.state.store(kSlotFree, std::memory_order_relaxed);
+  }
+  g_installed.store(0, std::memory_order_seq_cst);
+}
+
+std::atomic<bool> g_atfork_registered{false};
+
 }  // namespace
 
 int AddMemoryReleaseHandler(MemoryReleaseHandler fn, void* arg) {
   if (fn == nullptr) return -1;
+  if (!g_atfork_registered.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, ForgetHandlersInChild);
+  }
   for (int i = 0; i < kMaxHandlers; ++i) {
     Slot& slot = g_slots[i];
     int expected = kSlotFree;

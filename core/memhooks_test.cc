@@ -261,6 +261,40 @@ TEST_F(MemHooksTest, ShmdtReportsTheWholeSegment) {
   EXPECT_EQ(reports[0].len, size);
 }
 
+// After fork() the child must not run the parent's handlers (they would act
+// on the parent's caches and shared key tables); the parent's keep working.
+TEST_F(MemHooksTest, ForkedChildDoesNotRunParentHandlers) {
+  auto* child_reports = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(child_reports, MAP_FAILED);
+  new (child_reports) std::atomic<int>(0);
+  int id = AddMemoryReleaseHandler(
+      [](void* arg, uintptr_t, size_t) { static_cast<std::atomic<int>*>(arg)->fetch_add(1); },
+      child_reports);
+  ASSERT_GE(id, 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // In the child: releases reach no handler of the parent's.
+    char* p = static_cast<char*>(std::malloc(1 << 20));
+    std::memset(p, 1, 1 << 20);
+    std::free(p);
+    void* m = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    munmap(m, 8192);
+    _exit(child_reports->load() == 0 ? 0 : 3);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_EQ(child_reports->load(), 0);
+  // The parent's handler still runs.
+  void* m = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  munmap(m, 8192);
+  EXPECT_GE(child_reports->load(), 1);
+  RemoveMemoryReleaseHandler(id);
+  munmap(child_reports, 4096);
+}
+
 TEST_F(MemHooksTest, ExplicitNotifyReachesHandlers) {
   char buf[64] = {};
   Watch(buf, sizeof(buf));

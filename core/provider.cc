@@ -182,9 +182,14 @@ absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Open(absl::string_view config) {
 
 Fabric::Fabric() = default;
 
-Fabric::~Fabric() {
-  absl::MutexLock lock(&rcache_mu_);
-  rcache_.reset();
+Fabric::~Fabric() { ReleaseCache(); }
+
+void Fabric::ReleaseCache() {
+  std::unique_ptr<RegistrationCache> cache;
+  {
+    absl::MutexLock lock(&rcache_mu_);
+    cache = std::move(rcache_);
+  }
 }
 
 RegistrationCache& Fabric::rcache() {

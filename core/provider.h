@@ -308,6 +308,12 @@ class Fabric {
                                                 uint64_t addr, size_t len,
                                                 uint32_t access) = 0;
 
+ protected:
+  // Deregisters everything the registration cache holds. A provider's
+  // destructor must call it first: cached regions call back into the
+  // provider, whose state is gone by the time ~Fabric runs.
+  void ReleaseCache();
+
  private:
   absl::Mutex rcache_mu_;
   std::unique_ptr<RegistrationCache> rcache_ ABSL_GUARDED_BY(rcache_mu_);

@@ -679,14 +679,25 @@ TEST_P(Conformance, RegistrationCacheHitsEvictsAndInvalidates) {
   r3->reset();
   munmap(again, len);
 
-  // Eviction: more unused registrations than the cache keeps.
-  RegistrationCache small(
-      [this](void* a, size_t l, uint32_t acc) { return fabric_->RegisterMemory(a, l, acc); },
-      RcacheLimits{1 << 30, 4});
-  std::vector<std::vector<uint8_t>> bufs(8, std::vector<uint8_t>(8192));
-  for (auto& b : bufs) ASSERT_TRUE(small.Get(b.data(), b.size(), kAccessAll).ok());
-  EXPECT_LE(small.stats().entries, 4u);
-  EXPECT_GE(small.stats().evictions, 4u);
+  // Eviction: more unused registrations than the cache keeps. The pages are
+  // one apart so that no two registrations overlap (and merge).
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto* pages = static_cast<uint8_t*>(
+      mmap(nullptr, 16 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  {
+    RegistrationCache small(
+        [this](void* a, size_t l, uint32_t acc) { return fabric_->RegisterMemory(a, l, acc); },
+        RcacheLimits{1 << 30, 4});
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(small.Get(pages + 2 * i * page, 100, kAccessAll).ok());
+    EXPECT_EQ(small.stats().entries, 4u);
+    EXPECT_EQ(small.stats().evictions, 4u);
+    // The most recent four are the ones kept: they hit.
+    uint64_t hits = small.stats().hits;
+    for (int i = 4; i < 8; ++i) ASSERT_TRUE(small.Get(pages + 2 * i * page, 100, kAccessAll).ok());
+    EXPECT_EQ(small.stats().hits, hits + 4);
+  }
+  munmap(pages, 16 * page);
 }
 
 // Waiting through the CQ fd inside the application's own epoll set.

@@ -492,6 +492,8 @@ class UnetFabric final : public Fabric {
     return std::unique_ptr<Fabric>(std::move(fabric));
   }
 
+  ~UnetFabric() override { ReleaseCache(); }
+
   const Capabilities& caps() const override { return caps_; }
   const Settings& settings() const { return settings_; }
   int key_fd() const { return key_fd_.get(); }
