@@ -172,33 +172,84 @@ int PidfdOpen(pid_t pid) {
 // ------------------------------------------------------------ handshake
 
 
-// The hello carries the segment fds (SCM_RIGHTS) and our credentials
-// (SCM_CREDENTIALS, checked by the kernel), from which the peer learns our
-// pid. SO_PEERCRED cannot serve: on the connecting side it names the
-// process that called listen(), which need not be the one that accepts.
-absl::Status SendHello(int sock, const Hello& hello, const int fds[3]) {
-  iovec iov{const_cast<Hello*>(&hello), sizeof(hello)};
+// One message on the connection socket with up to three fds (SCM_RIGHTS)
+// and, if asked, our credentials (SCM_CREDENTIALS, checked by the kernel).
+// Returns the bytes sent, or -1 with errno.
+ssize_t SendWithFds(int sock, const void* data, size_t len, std::span<const int> fds,
+                    bool credentials, int flags) {
+  iovec iov{const_cast<void*>(data), len};
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int)) +
+                       (credentials ? CMSG_SPACE(sizeof(ucred)) : 0);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds.data(), fds.size() * sizeof(int));
+  if (credentials) {
+    cm = CMSG_NXTHDR(&msg, cm);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_CREDENTIALS;
+    cm->cmsg_len = CMSG_LEN(sizeof(ucred));
+    ucred me{getpid(), getuid(), getgid()};
+    std::memcpy(CMSG_DATA(cm), &me, sizeof(me));
+  }
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
+// Receives one message into `data`, up to `fds.size()` fds (extra ones are
+// closed) and the sender's pid from SCM_CREDENTIALS (0 if absent; the socket
+// has SO_PASSCRED). Sets *complete to false when the message or its
+// ancillary data was truncated. Returns the bytes received, or -1 with errno.
+ssize_t RecvWithFds(int sock, void* data, size_t len, std::span<Fd> fds, size_t* nfds,
+                    pid_t* pid, bool* complete, int flags) {
+  iovec iov{data, len};
   alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(3 * sizeof(int));
-  std::memcpy(CMSG_DATA(cm), fds, 3 * sizeof(int));
-  cm = CMSG_NXTHDR(&msg, cm);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_CREDENTIALS;
-  cm->cmsg_len = CMSG_LEN(sizeof(ucred));
-  ucred me{getpid(), getuid(), getgid()};
-  std::memcpy(CMSG_DATA(cm), &me, sizeof(me));
   ssize_t n;
   do {
-    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
   } while (n < 0 && errno == EINTR);
+  *nfds = 0;
+  *pid = 0;
+  *complete = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0;
+  if (n < 0) return n;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET) continue;
+    if (cm->cmsg_type == SCM_CREDENTIALS && cm->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+      ucred cred;
+      std::memcpy(&cred, CMSG_DATA(cm), sizeof(cred));
+      *pid = cred.pid;
+    } else if (cm->cmsg_type == SCM_RIGHTS) {
+      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        if (*nfds < fds.size()) fds[(*nfds)++].reset(fd); else ::close(fd);
+      }
+    }
+  }
+  return n;
+}
+
+// The hello carries the segment fds and our credentials, from which the
+// peer learns our pid. SO_PEERCRED cannot serve: on the connecting side it
+// names the process that called listen(), which need not be the one that
+// accepts.
+absl::Status SendHello(int sock, const Hello& hello, const int fds[3]) {
+  ssize_t n = SendWithFds(sock, &hello, sizeof(hello), {fds, 3}, /*credentials=*/true, 0);
   if (n != static_cast<ssize_t>(sizeof(hello))) {
     return ErrnoError(n < 0 ? errno : EPROTO, "sending the unet hello failed");
   }
@@ -219,39 +270,18 @@ absl::Status RecvHello(int sock, absl::Time deadline, Hello* hello, Fd fds[3], p
     if (rc < 0) return ErrnoError(errno, "poll during unet handshake failed");
     if (rc > 0) break;
   }
-  iovec iov{hello, sizeof(*hello)};
-  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  int received = 0;
-  *peer_pid = 0;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS &&
-        cm->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
-      ucred cred;
-      std::memcpy(&cred, CMSG_DATA(cm), sizeof(cred));
-      *peer_pid = cred.pid;
-    }
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        if (received < 3) fds[received++].reset(fd); else ::close(fd);
-      }
-    }
-  }
+  size_t received = 0;
+  bool complete = false;
+  ssize_t n = RecvWithFds(sock, hello, sizeof(*hello), {fds, 3}, &received, peer_pid,
+                          &complete, 0);
+  if (n < 0) return ErrnoError(errno, "receiving the unet hello failed");
   if (n == 0) {
     return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
                      "the unet peer closed the connection during the handshake",
                      "check the peer's log: it may have rejected our parameters");
   }
   if (n != static_cast<ssize_t>(sizeof(*hello)) || received != 3 || *peer_pid <= 0 ||
-      (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+      !complete) {
     return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
                      "malformed unet hello", "the peer is not a compatible zsock unet endpoint");
   }
@@ -632,19 +662,8 @@ UnetRegion::~UnetRegion() {
 // it (full socket buffer) performs atomics on it through emulation instead.
 void AnnounceShared(int sock, uint32_t id, int fd, uint64_t base, uint64_t size) {
   ShmAnnounce a{kShmAnnounce, id, base, size};
-  iovec iov{&a, sizeof(a)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  if (::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(a)) {
+  if (SendWithFds(sock, &a, sizeof(a), {&fd, 1}, /*credentials=*/false, MSG_DONTWAIT) !=
+      sizeof(a)) {
     ZS_LOG(kInfo, "could not announce shared segment %u to a peer (%s); its atomics on it "
            "will be emulated", id, std::strerror(errno));
   }
@@ -1127,26 +1146,15 @@ class UnetEndpoint final : public Endpoint {
   bool ServiceSocketLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (;;) {
       ShmAnnounce a{};
-      iovec iov{&a, sizeof(a)};
-      // Room for the fd and the credentials SO_PASSCRED adds to every message.
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      ssize_t n = ::recvmsg(p_.sock.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-      if (n == 0) return false;
-      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
       Fd fd;
-      for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-          int f;
-          std::memcpy(&f, CMSG_DATA(cm), sizeof(int));
-          fd.reset(f);
-        }
-      }
-      if (n != sizeof(a) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || a.type != kShmAnnounce ||
+      size_t nfds = 0;
+      pid_t pid = 0;
+      bool complete = false;
+      ssize_t n = RecvWithFds(p_.sock.get(), &a, sizeof(a), {&fd, 1}, &nfds, &pid, &complete,
+                              MSG_DONTWAIT);
+      if (n == 0) return false;
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+      if (n != sizeof(a) || !complete || pid != p_.peer_pid || a.type != kShmAnnounce ||
           !fd || a.size == 0 ||
           a.size > (uint64_t{1} << 40) || peer_shm_.size() >= kMaxPeerSegments ||
           !CheckPeerMemfd(fd.get(), a.size, "shared segment").ok()) {
