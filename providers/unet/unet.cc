@@ -989,18 +989,44 @@ class UnetEndpoint final : public Endpoint {
     ring.Publish(fs);
   }
 
-  // Validates a descriptor from the peer; returns a pointer to its bytes.
-  const uint8_t* ChunkData(const Desc* d, bool ctl) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A descriptor's fields, read once. The peer may rewrite its descriptors
+  // at any moment, so fields are copied out of shared memory a single time
+  // and only the copy is validated and used (no double fetch).
+  struct Chunk {
+    uint8_t type;
+    uint8_t flags;
+    uint32_t len;
+    uint32_t buf;
+    uint64_t total;
+    const uint8_t* data;  // validated: len bytes inside our segment
+  };
+
+  // Snapshots and validates a descriptor; false when it is malformed.
+  bool ReadChunk(const Desc* d, bool ctl, Chunk* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    constexpr size_t kFieldsStart = offsetof(Desc, type);
+    constexpr size_t kFieldsEnd = offsetof(Desc, data);
+    alignas(Desc) uint8_t raw[sizeof(Desc)];
+    std::memcpy(raw + kFieldsStart, reinterpret_cast<const uint8_t*>(d) + kFieldsStart,
+                kFieldsEnd - kFieldsStart);
+    const auto* copy = reinterpret_cast<const Desc*>(raw);
+    c->type = copy->type;
+    c->flags = copy->flags;
+    c->len = copy->len;
+    c->buf = copy->buf;
+    c->total = copy->total;
     const auto& l = p_.rx_layout;
-    if (d->type != (ctl ? kControlMsg : kUserMsg)) return nullptr;
-    if (d->flags & kInlineData) {
-      if (d->len > kInline || !(d->flags & kFirst) || !(d->flags & kLast)) return nullptr;
-      return d->data;
+    if (c->type != (ctl ? kControlMsg : kUserMsg)) return false;
+    if ((c->flags & kFirst) && c->total > kMaxMessage) return false;
+    if (c->flags & kInlineData) {
+      if (c->len > kInline || !(c->flags & kFirst) || !(c->flags & kLast)) return false;
+      c->data = d->data;
+      return true;
     }
     uint32_t lo = ctl ? l.nbuffers : 0;
     uint32_t hi = ctl ? l.nbuffers + kControlBuffers : l.nbuffers;
-    if (d->buf < lo || d->buf >= hi || d->len > l.buffer_size) return nullptr;
-    return p_.rx.get() + l.buffers + size_t{d->buf} * l.buffer_size;
+    if (c->buf < lo || c->buf >= hi || c->len > l.buffer_size) return false;
+    c->data = p_.rx.get() + l.buffers + size_t{c->buf} * l.buffer_size;
+    return true;
   }
 
   absl::Status ProtocolError(const char* what) {
@@ -1014,30 +1040,27 @@ class UnetEndpoint final : public Endpoint {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     size_t n = 0;
     while (Desc* d = rx_ctl_.Peek()) {
-      const uint8_t* data = ChunkData(d, true);
-      bool first = d->flags & kFirst, last = d->flags & kLast;
-      if (data == nullptr || first == ctl_in_.active ||
-          (first && d->total > kMaxMessage)) {
+      Chunk c;
+      if (!ReadChunk(d, true, &c) || bool(c.flags & kFirst) == ctl_in_.active) {
         MarkDeadLocked(ProtocolError("bad control descriptor"));
         return n;
       }
-      if (first) {
+      if (c.flags & kFirst) {
         ctl_in_ = Incoming{};
         ctl_in_.active = true;
-        ctl_in_.total = d->total;
-        ctl_in_.control.reserve(d->total);
+        ctl_in_.total = c.total;
+        // Grows with what arrives; the announced total is the peer's word.
+        ctl_in_.control.reserve(std::min<uint64_t>(c.total, 64 * 1024));
       }
-      if (ctl_in_.control.size() + d->len > ctl_in_.total) {
+      if (ctl_in_.control.size() + c.len > ctl_in_.total) {
         MarkDeadLocked(ProtocolError("control message longer than announced"));
         return n;
       }
-      ctl_in_.control.insert(ctl_in_.control.end(), data, data + d->len);
-      bool inl = d->flags & kInlineData;
-      uint32_t buf = d->buf;
+      ctl_in_.control.insert(ctl_in_.control.end(), c.data, c.data + c.len);
       rx_ctl_.Release(d);
-      if (!inl) ReturnBuffer(true, buf);
+      if (!(c.flags & kInlineData)) ReturnBuffer(true, c.buf);
       ++n;
-      if (last) {
+      if (c.flags & kLast) {
         if (ctl_in_.control.size() != ctl_in_.total) {
           MarkDeadLocked(ProtocolError("control message shorter than announced"));
           return n;
@@ -1056,49 +1079,46 @@ class UnetEndpoint final : public Endpoint {
     while (!posted_.empty()) {
       Desc* d = rx_user_.Peek();
       if (d == nullptr) break;
-      const uint8_t* data = ChunkData(d, false);
-      bool first = d->flags & kFirst, last = d->flags & kLast;
-      if (data == nullptr || first == user_in_.active || (first && d->total > kMaxMessage)) {
+      Chunk c;
+      if (!ReadChunk(d, false, &c) || bool(c.flags & kFirst) == user_in_.active) {
         MarkDeadLocked(ProtocolError("bad user descriptor"));
         return n;
       }
       PostedRecv& r = posted_.front();
-      if (first) {
+      if (c.flags & kFirst) {
         user_in_ = Incoming{};
         user_in_.active = true;
-        user_in_.total = d->total;
-        user_in_.truncated = d->total > r.len;
+        user_in_.total = c.total;
+        user_in_.truncated = c.total > r.len;
       }
-      if (user_in_.got + d->len > user_in_.total) {
+      if (user_in_.got + c.len > user_in_.total) {
         MarkDeadLocked(ProtocolError("message longer than announced"));
         return n;
       }
-      if (!user_in_.truncated && d->len > 0) std::memcpy(r.buf + user_in_.got, data, d->len);
-      user_in_.got += d->len;
-      bool inl = d->flags & kInlineData;
-      uint32_t buf = d->buf;
+      if (!user_in_.truncated && c.len > 0) std::memcpy(r.buf + user_in_.got, c.data, c.len);
+      user_in_.got += c.len;
       rx_user_.Release(d);
-      if (!inl) ReturnBuffer(false, buf);
+      if (!(c.flags & kInlineData)) ReturnBuffer(false, c.buf);
       ++n;
-      if (last) {
+      if (c.flags & kLast) {
         if (user_in_.got != user_in_.total) {
           MarkDeadLocked(ProtocolError("message shorter than announced"));
           return n;
         }
-        Completion c;
-        c.context = r.context;
-        c.op = OpType::kRecv;
-        c.endpoint = this;
+        Completion comp;
+        comp.context = r.context;
+        comp.op = OpType::kRecv;
+        comp.endpoint = this;
         if (user_in_.truncated) {
-          c.length = 0;
-          c.status = MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
-                               absl::StrCat("a ", user_in_.total, "-byte message met a ", r.len,
-                                            "-byte receive and was discarded"),
-                               "post receive buffers as large as the largest message");
+          comp.length = 0;
+          comp.status = MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
+                                  absl::StrCat("a ", user_in_.total, "-byte message met a ", r.len,
+                                               "-byte receive and was discarded"),
+                                  "post receive buffers as large as the largest message");
         } else {
-          c.length = user_in_.total;
+          comp.length = user_in_.total;
         }
-        done->push_back(std::move(c));
+        done->push_back(std::move(comp));
         posted_.pop_front();
         user_in_ = Incoming{};
       }
