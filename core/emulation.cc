@@ -146,24 +146,29 @@ void Emulation::Serve(std::span<const uint8_t> msg) {
                      "peers must run the same zsock version");
     } else {
       size_t len = (op == OpType::kRead || op == OpType::kWrite) ? h.len : 8;
-      auto target = ep_->fabric()->ResolveLocalKey(*key, h.addr, len, AccessFor(op));
-      if (!target.ok()) {
-        st = target.status();
-      } else if (op == OpType::kRead) {
-        data.assign(static_cast<uint8_t*>(*target), static_cast<uint8_t*>(*target) + len);
-      } else if (op == OpType::kWrite) {
-        if (len > 0) std::memcpy(*target, payload.data(), len);
+      if (op != OpType::kRead && op != OpType::kWrite && h.addr % 8 != 0) {
+        st = MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       "atomic on a remote address that is not 8-byte aligned",
+                       "atomics operate on aligned 8-byte words");
       } else {
-        auto* word = static_cast<uint64_t*>(*target);
-        uint64_t old;
-        if (op == OpType::kFetchAdd) {
-          old = __atomic_fetch_add(word, h.a, __ATOMIC_SEQ_CST);
-        } else {
-          old = h.a;
-          __atomic_compare_exchange_n(word, &old, h.b, false, __ATOMIC_SEQ_CST,
-                                      __ATOMIC_SEQ_CST);
-        }
-        resp.a = old;
+        st = ep_->fabric()->AccessLocal(*key, h.addr, len, AccessFor(op), [&](void* target) {
+          if (op == OpType::kRead) {
+            data.assign(static_cast<uint8_t*>(target), static_cast<uint8_t*>(target) + len);
+          } else if (op == OpType::kWrite) {
+            if (len > 0) std::memcpy(target, payload.data(), len);
+          } else {
+            auto* word = static_cast<uint64_t*>(target);
+            uint64_t old;
+            if (op == OpType::kFetchAdd) {
+              old = __atomic_fetch_add(word, h.a, __ATOMIC_SEQ_CST);
+            } else {
+              old = h.a;
+              __atomic_compare_exchange_n(word, &old, h.b, false, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_SEQ_CST);
+            }
+            resp.a = old;
+          }
+        });
       }
     }
   }

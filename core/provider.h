@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -300,13 +301,14 @@ class Fabric {
       absl::string_view address, CompletionQueue* cq,
       absl::Duration timeout) = 0;
 
-  // For core emulation on the target side: checks that [addr, addr + len)
-  // lies inside a live local registration named by `rkey` with `access`, and
-  // returns the local address to touch. Fails (never touches memory) when
-  // the key is unknown, revoked, or the range is out of bounds.
-  virtual absl::StatusOr<void*> ResolveLocalKey(const RemoteKey& rkey,
-                                                uint64_t addr, size_t len,
-                                                uint32_t access) = 0;
+  // For core emulation on the target side: if [addr, addr + len) lies inside
+  // a live local registration named by `rkey` that grants `access`, runs
+  // `fn` on the local address while the registration is held (a concurrent
+  // revoke waits for it) and returns OK; otherwise fails without touching
+  // memory. The check uses the fabric's own record of the registration,
+  // never anything a peer can write or the range the key claims.
+  virtual absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len,
+                                   uint32_t access, absl::FunctionRef<void(void*)> fn) = 0;
 
  protected:
   // Deregisters everything the registration cache holds. A provider's

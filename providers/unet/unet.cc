@@ -375,11 +375,24 @@ class UnetEndpoint;
 
 // ------------------------------------------------------------ registrations
 
+// The fabric's own record of a registration. The key table in shared memory
+// is what peers check before direct access, and a peer can write it; the
+// decisions this process makes (emulated accesses on its memory) use only
+// this private copy.
+struct PrivateSlot {
+  std::atomic<uint32_t> gen{0};     // odd while live
+  std::atomic<uint32_t> active{0};  // local emulated accesses in progress
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint32_t access = 0;
+};
+
 class UnetRegion final : public MemoryRegion {
  public:
   UnetRegion(UnetFabric* fabric, void* addr, size_t len, uint32_t access,
-             uint32_t slot, uint32_t gen, KeySlot* entry)
-      : MemoryRegion(addr, len, access), fabric_(fabric), slot_(slot), gen_(gen), entry_(entry) {}
+             uint32_t slot, uint32_t gen, KeySlot* entry, PrivateSlot* own)
+      : MemoryRegion(addr, len, access), fabric_(fabric), slot_(slot), gen_(gen), entry_(entry),
+        own_(own) {}
   ~UnetRegion() override;
 
   RemoteKey remote_key() const override {
@@ -395,14 +408,18 @@ class UnetRegion final : public MemoryRegion {
 
   void Revoke() noexcept override {
     uint32_t expected = gen_;
-    // Only the first revocation bumps the generation.
-    if (!entry_->gen.compare_exchange_strong(expected, gen_ + 1, std::memory_order_seq_cst)) {
+    // Only the first revocation acts (the private generation decides).
+    if (!own_->gen.compare_exchange_strong(expected, gen_ + 1, std::memory_order_seq_cst)) {
       return;
     }
-    // Wait (bounded) for peers inside an access through this key; a peer
-    // killed mid-access would otherwise hold us forever.
-    for (int i = 0; entry_->active.load(std::memory_order_seq_cst) != 0; ++i) {
-      if (i > 100000) break;  // ~1 s of sched_yield
+    entry_->gen.store(gen_ + 1, std::memory_order_seq_cst);  // peers stop here
+    // Local emulated accesses are short copies: wait for them.
+    while (own_->active.load(std::memory_order_seq_cst) != 0) sched_yield();
+    // Peers inside a direct access: wait at most one second, since a peer
+    // killed mid-access (or a hostile one) would otherwise hold us forever.
+    const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
+    while (entry_->active.load(std::memory_order_seq_cst) != 0 &&
+           absl::GetCurrentTimeNanos() < deadline) {
       sched_yield();
     }
   }
@@ -412,6 +429,7 @@ class UnetRegion final : public MemoryRegion {
   uint32_t slot_;
   uint32_t gen_;
   KeySlot* entry_;
+  PrivateSlot* own_;
 };
 
 bool DecodeKey(const RemoteKey& key, uint32_t* slot, uint32_t* gen) {
@@ -549,14 +567,26 @@ class UnetFabric final : public Fabric {
     free_slots_.push_back(slot);
   }
 
-  absl::StatusOr<void*> ResolveLocalKey(const RemoteKey& rkey, uint64_t addr, size_t len,
-                                        uint32_t access) override {
-    KeySlot* e;
-    if (auto st = PinKey(key_table(), settings_.key_slots, rkey, addr, len, access, &e); !st.ok()) {
-      return st;
+  absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len, uint32_t access,
+                           absl::FunctionRef<void(void*)> fn) override {
+    uint32_t slot, gen;
+    if (!DecodeKey(rkey, &slot, &gen) || slot >= settings_.key_slots || (gen & 1) == 0) {
+      return KeyError("the key is malformed", addr, len);
     }
-    Unpin(e);
-    return reinterpret_cast<void*>(addr);
+    PrivateSlot& p = own_[slot];
+    p.active.fetch_add(1, std::memory_order_seq_cst);
+    absl::Status st;
+    if (p.gen.load(std::memory_order_seq_cst) != gen) {
+      st = KeyError("the registration was released or revoked (stale key)", addr, len);
+    } else if (addr < p.addr || len > p.len || addr - p.addr > p.len - len) {
+      st = KeyError("the range lies outside the registered region", addr, len);
+    } else if ((p.access & access) != access) {
+      st = KeyError("the registration does not grant this access", addr, len);
+    } else {
+      fn(reinterpret_cast<void*>(addr));
+    }
+    p.active.fetch_sub(1, std::memory_order_seq_cst);
+    return st;
   }
 
   absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {
@@ -601,6 +631,7 @@ class UnetFabric final : public Fabric {
     caps_.notes.push_back(
         "atomics: CPU atomics on memory from AllocateRegistered (a shared segment; no "
         "target progress needed), otherwise executed by the target's progress engine");
+    own_ = std::make_unique<PrivateSlot[]>(settings_.key_slots);
     for (uint32_t i = settings_.key_slots; i > 0; --i) free_slots_.push_back(i - 1);
   }
 
@@ -624,14 +655,20 @@ class UnetFabric final : public Fabric {
       slot = free_slots_.back();
       free_slots_.pop_back();
     }
+    PrivateSlot* own = &own_[slot];
+    own->addr = reinterpret_cast<uint64_t>(addr);
+    own->len = len;
+    own->access = access;
+    // Generations come from the private record: peers can write the shared one.
+    uint32_t gen = own->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
+    own->gen.store(gen, std::memory_order_release);
     KeySlot* e = &key_table()[slot];
-    e->addr = reinterpret_cast<uint64_t>(addr);
+    e->addr = own->addr;
     e->len = len;
     e->access = access;
     e->shm_id = shm_id;
-    uint32_t gen = e->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
     e->gen.store(gen, std::memory_order_release);
-    return std::make_unique<UnetRegion>(this, addr, len, access, slot, gen, e);
+    return std::make_unique<UnetRegion>(this, addr, len, access, slot, gen, e, own);
   }
 
   struct SharedSeg {
@@ -645,6 +682,7 @@ class UnetFabric final : public Fabric {
   Settings settings_;
   Fd key_fd_;
   Mapping key_map_;
+  std::unique_ptr<PrivateSlot[]> own_;
   absl::Mutex mu_;
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::Mutex ep_mu_;
