@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -365,7 +366,7 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
   }
   auto cma = value("cma", "unet_cma");
   if (!cma.ok()) return cma.status();
-  s.cma = (*cma != "off");
+  s.cma = absl::AsciiStrToLower(*cma) != "off";
   s.connect_timeout = absl::Milliseconds(global->GetInt("connect_timeout_ms"));
   return s;
 }
@@ -871,6 +872,10 @@ class UnetEndpoint final : public Endpoint {
       if (closed_) return;
       closed_ = true;
       ::shutdown(p_.sock.get(), SHUT_RDWR);
+      // Our own shutdown makes the socket readable for good: stop watching
+      // it, or every wait on this CQ would spin.
+      cq_->Unwatch(p_.sock.get());
+      if (p_.pidfd) cq_->Unwatch(p_.pidfd.get());
       absl::Status why = MakeError(absl::StatusCode::kCancelled, ECANCELED,
                                    "the endpoint was closed", "");
       FlushLocked(why, &failed);
@@ -933,8 +938,9 @@ class UnetEndpoint final : public Endpoint {
       if (dead_) return dead_status_;
       PendingSend ps{type, data, std::move(owned), len, 0, false, context};
       if (!ps.owned.empty()) ps.data = ps.owned.data();
-      sendq_.push_back(std::move(ps));
-      if (sendq_.size() == 1) notify = PushSendsLocked(&done);
+      auto& q = type == kControlMsg ? ctlq_ : sendq_;
+      q.push_back(std::move(ps));
+      if (q.size() == 1) notify = PushSendsLocked(&done);
     }
     if (notify) Notify();
     for (auto& c : done) cq_->Push(std::move(c));
@@ -944,10 +950,19 @@ class UnetEndpoint final : public Endpoint {
   // Moves pending sends into the peer's rings as far as descriptors and
   // buffers allow. Returns whether anything was published.
   bool PushSendsLocked(std::vector<Completion>* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool published = PushQueueLocked(&ctlq_, done);
+    published |= PushQueueLocked(&sendq_, done);
+    return published;
+  }
+
+  // Moves one queue's messages into the peer's rings (user and control
+  // messages use separate rings and buffer pools, so neither blocks the other).
+  bool PushQueueLocked(std::deque<PendingSend>* queue, std::vector<Completion>* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool published = false;
     const uint32_t bufsize = p_.tx_layout.buffer_size;
-    while (!sendq_.empty()) {
-      PendingSend& ps = sendq_.front();
+    while (!queue->empty()) {
+      PendingSend& ps = queue->front();
       const bool ctl = ps.type == kControlMsg;
       RingProducer<Desc>& ring = ctl ? tx_ctl_ : tx_user_;
       while (!ps.started || ps.offset < ps.len) {
@@ -998,7 +1013,7 @@ class UnetEndpoint final : public Endpoint {
         c.endpoint = this;
         done->push_back(std::move(c));
       }
-      sendq_.pop_front();
+      queue->pop_front();
     }
     return published;
   }
@@ -1188,6 +1203,7 @@ class UnetEndpoint final : public Endpoint {
       out->push_back(std::move(c));
     }
     sendq_.clear();
+    ctlq_.clear();
     for (auto& r : posted_) {
       Completion c;
       c.context = r.context;
@@ -1212,8 +1228,10 @@ class UnetEndpoint final : public Endpoint {
                               MSG_DONTWAIT);
       if (n == 0) return false;
       if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+      // Segments are whole pages, never re-announced (a replaced mapping could
+      // be in use by DirectAtomic), and come from the peer itself.
       if (n != sizeof(a) || !complete || pid != p_.peer_pid || a.type != kShmAnnounce ||
-          !fd || a.size == 0 ||
+          !fd || a.size < 4096 || a.size % 4096 != 0 || peer_shm_.contains(a.id) ||
           a.size > (uint64_t{1} << 40) || peer_shm_.size() >= kMaxPeerSegments ||
           !CheckPeerMemfd(fd.get(), a.size, "shared segment").ok()) {
         ZS_LOG(kWarn, "ignoring a malformed message on the unet socket of peer pid %d",
@@ -1366,7 +1384,10 @@ class UnetEndpoint final : public Endpoint {
   RingProducer<Desc> tx_ctl_ ABSL_GUARDED_BY(mu_);
   RingConsumer<FreeSlot> tx_user_free_ ABSL_GUARDED_BY(mu_);
   RingConsumer<FreeSlot> tx_ctl_free_ ABSL_GUARDED_BY(mu_);
+  // Control messages have their own queue: a user message waiting for ring
+  // space or buffers must never hold back emulation traffic.
   std::deque<PendingSend> sendq_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingSend> ctlq_ ABSL_GUARDED_BY(mu_);
   std::deque<PostedRecv> posted_ ABSL_GUARDED_BY(mu_);
   Incoming user_in_ ABSL_GUARDED_BY(mu_);
   Incoming ctl_in_ ABSL_GUARDED_BY(mu_);
@@ -1390,7 +1411,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
     if (!rx_abandoned_) consumed += DrainControlLocked(&control);
     if (!rx_abandoned_) consumed += DrainUserLocked(&done);
     n += consumed;
-    if (!sendq_.empty() && !dead_) notify |= PushSendsLocked(&done);
+    if ((!sendq_.empty() || !ctlq_.empty()) && !dead_) notify |= PushSendsLocked(&done);
     // Consuming frees ring slots (and maybe buffers) a sleeping sender may
     // be waiting for.
     notify |= consumed > 0;
@@ -1414,6 +1435,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
           done.push_back(std::move(c));
         }
         sendq_.clear();
+        ctlq_.clear();
         emulated_failure = dead_status_;
       }
       // Receives fail once everything the peer sent has been consumed.
@@ -1449,12 +1471,14 @@ bool UnetEndpoint::ArmAndCheck() {
   }
   if (rx_ctl_.Peek() != nullptr) return true;
   if (!posted_.empty() && rx_user_.Peek() != nullptr) return true;
-  if (!sendq_.empty()) {
-    // Progress possible if a descriptor and, if needed, a buffer are free.
-    const PendingSend& ps = sendq_.front();
+  // Progress possible if a queued message finds a descriptor and, if
+  // needed, a buffer.
+  for (const auto* q : {&ctlq_, &sendq_}) {
+    if (q->empty()) continue;
+    const PendingSend& ps = q->front();
     bool ctl = ps.type == kControlMsg;
     if ((ctl ? tx_ctl_ : tx_user_).TryClaim() != nullptr &&
-        (ps.len <= kInline || (ctl ? tx_ctl_free_ : tx_user_free_).Peek() != nullptr)) {
+        ((!ps.started && ps.len <= kInline) || (ctl ? tx_ctl_free_ : tx_user_free_).Peek() != nullptr)) {
       return true;
     }
   }
