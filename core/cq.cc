@@ -1,33 +1,66 @@
 // CompletionQueue: the ready list, Poll, and adaptive spin-then-block Wait.
 #include <poll.h>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/time/clock.h"
 #include "core/config.h"
+#include "core/log.h"
 #include "core/provider.h"
 #include "core/status.h"
 
 namespace zsock {
 
-CompletionQueue::CompletionQueue() = default;
-CompletionQueue::~CompletionQueue() = default;
+CompletionQueue::CompletionQueue() : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (wake_fd_ < 0) {
+    ZS_LOG(kError, "eventfd for a completion queue failed (%s): cross-thread wakeups are lost",
+           std::strerror(errno));
+  }
+}
+
+CompletionQueue::~CompletionQueue() {
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
 
 void CompletionQueue::Push(Completion c) {
-  absl::MutexLock lock(&mu_);
-  ready_.push_back(std::move(c));
+  bool wake = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ready_.push_back(std::move(c));
+    wake = armed_;
+    armed_ = false;
+  }
+  if (wake) Wake();
+}
+
+void CompletionQueue::Wake() {
+  if (wake_fd_ < 0) return;
+  wake_pending_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
+  (void)rc;  // EAGAIN: the counter is already non-zero
+}
+
+void CompletionQueue::DrainWake() {
+  if (wake_pending_.exchange(false, std::memory_order_acq_rel)) {
+    uint64_t v;
+    while (::read(wake_fd_, &v, sizeof(v)) == sizeof(v)) {}
+  }
 }
 
 size_t CompletionQueue::Poll(std::span<Completion> out) {
+  DrainWake();
   Progress();
   absl::MutexLock lock(&mu_);
   size_t n = 0;
-  while (n < out.size() && ready_head_ < ready_.size()) {
-    out[n++] = std::move(ready_[ready_head_++]);
-  }
-  if (ready_head_ == ready_.size()) {
-    ready_.clear();
-    ready_head_ = 0;
+  while (n < out.size() && !ready_.empty()) {
+    out[n++] = std::move(ready_.front());
+    ready_.pop_front();
   }
   return n;
 }
@@ -35,9 +68,13 @@ size_t CompletionQueue::Poll(std::span<Completion> out) {
 bool CompletionQueue::Arm() {
   {
     absl::MutexLock lock(&mu_);
-    if (ready_head_ < ready_.size()) return false;
+    if (!ready_.empty()) return false;
+    armed_ = true;  // from here on, Push wakes the sleeper
   }
-  return ArmProvider();
+  if (ArmProvider()) return true;
+  absl::MutexLock lock(&mu_);
+  armed_ = false;
+  return false;
 }
 
 absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
@@ -64,7 +101,7 @@ absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
       if (deadline != INT64_MAX) {
         int64_t left = deadline - now;
         if (left <= 0) return size_t{0};
-        timeout_ms = static_cast<int>((left + 999999) / 1000000);
+        timeout_ms = static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, INT32_MAX));
       }
       pollfd pfd{wait_fd(), POLLIN, 0};
       int rc = ::poll(&pfd, 1, timeout_ms);

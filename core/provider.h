@@ -21,7 +21,9 @@
 #define ZSOCK_CORE_PROVIDER_H_
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -163,10 +165,19 @@ class CompletionQueue {
   virtual int wait_fd() const = 0;
   bool Arm();
 
-  // Called by providers (and core emulation) to report a completion.
+  // Called by providers (and core emulation) to report a completion. Wakes a
+  // thread sleeping on wait_fd() after Arm().
   void Push(Completion c);
+  // Wakes a thread sleeping on wait_fd() after Arm(), for providers that
+  // create work outside Progress (e.g. a receive posted for a message that
+  // already arrived).
+  void Wake();
 
  protected:
+  // An eventfd that Push and Wake signal; providers must include it in the
+  // set wait_fd() reports (e.g. add it to their epoll set).
+  int wake_fd() const { return wake_fd_; }
+
   // Drives the provider: moves incoming messages, finishes operations and
   // calls Push for each. Returns the number of events handled.
   virtual size_t Progress() = 0;
@@ -177,9 +188,13 @@ class CompletionQueue {
   virtual void ClearWakeup() {}
 
  private:
+  void DrainWake();
+
   absl::Mutex mu_;
-  std::vector<Completion> ready_ ABSL_GUARDED_BY(mu_);
-  size_t ready_head_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Completion> ready_ ABSL_GUARDED_BY(mu_);
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;  // a waiter may sleep on wait_fd
+  int wake_fd_ = -1;
+  std::atomic<bool> wake_pending_{false};
 };
 
 // Per-connection facts, available once connected.

@@ -16,6 +16,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -743,6 +744,45 @@ TEST_P(Conformance, WaitThroughCqFdInEpoll) {
   EXPECT_EQ(c.context, 9u);
   EXPECT_EQ(buf.substr(0, c.length), "wake up");
   EXPECT_GE(wakeups, 1);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// A thread asleep in Wait wakes when another thread creates its completion:
+// a send completing at once, and a receive posted for a message that had
+// already arrived.
+TEST_P(Conformance, WaitWakesForWorkFromAnotherThread) {
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    CHILD_OK(SendBlob(c.ep.get(), "early"));  // arrives before any receive
+    auto done = RecvBlob(c.ep.get());
+    CHILD_OK(done.status());
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  absl::SleepFor(absl::Milliseconds(200));  // "early" is waiting, unmatched
+  char buf[64] = {};
+  for (int round = 0; round < 2; ++round) {
+    Completion c;
+    absl::Duration took;
+    std::thread waiter([&] {
+      absl::Time start = absl::Now();
+      auto n = cq_->Wait(std::span<Completion>(&c, 1), absl::Seconds(20));
+      took = absl::Now() - start;
+      EXPECT_TRUE(n.ok() && *n == 1);
+    });
+    absl::SleepFor(absl::Milliseconds(100));  // the waiter is asleep by now
+    if (round == 0) {
+      ASSERT_TRUE(ep->PostRecv(buf, sizeof(buf), nullptr, 7).ok());
+    } else {
+      ASSERT_TRUE(ep->Send("done", 4, nullptr, 8).ok());
+    }
+    waiter.join();
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.context, round == 0 ? 7u : 8u);
+    EXPECT_LT(took, absl::Seconds(10)) << "round " << round << ": the waiter was not woken";
+  }
+  EXPECT_EQ(std::string(buf, 5), "early");
   EXPECT_EQ(Reap(child), 0);
 }
 

@@ -494,7 +494,12 @@ class UnetCq final : public CompletionQueue {
     if (::epoll_ctl(epfd, EPOLL_CTL_ADD, efd, &ev) != 0) {
       return ErrnoError(errno, "adding the eventfd to the unet CQ epoll set failed");
     }
-    return std::unique_ptr<UnetCq>(new UnetCq(std::move(event), std::move(ep)));
+    auto cq = std::unique_ptr<UnetCq>(new UnetCq(std::move(event), std::move(ep)));
+    ev.data.fd = cq->wake_fd();
+    if (::epoll_ctl(epfd, EPOLL_CTL_ADD, cq->wake_fd(), &ev) != 0) {
+      return ErrnoError(errno, "adding the wake eventfd to the unet CQ epoll set failed");
+    }
+    return cq;
   }
   ~UnetCq() override;
 
@@ -832,6 +837,9 @@ class UnetEndpoint final : public Endpoint {
     if (closed_) return ClosedError();
     if (dead_ && (rx_abandoned_ || !rx_pending_locked())) return dead_status_;
     posted_.push_back({static_cast<uint8_t*>(buf), len, context});
+    // A message may already wait for this receive while another thread
+    // sleeps on the CQ: wake it to match them.
+    if (rx_user_.Peek() != nullptr) cq_->Wake();
     return absl::OkStatus();
   }
 
