@@ -10,6 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "core/config.h"
+#include "core/mutex.h"
 #include "core/log.h"
 #include "core/provider.h"
 #include "core/status.h"
@@ -30,7 +31,7 @@ CompletionQueue::~CompletionQueue() {
 void CompletionQueue::Push(Completion c) {
   bool wake = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ready_.push_back(std::move(c));
     wake = armed_;
     armed_ = false;
@@ -56,7 +57,7 @@ void CompletionQueue::DrainWake() {
 size_t CompletionQueue::Poll(std::span<Completion> out) {
   DrainWake();
   Progress();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   while (n < out.size() && !ready_.empty()) {
     out[n++] = std::move(ready_.front());
@@ -67,12 +68,12 @@ size_t CompletionQueue::Poll(std::span<Completion> out) {
 
 bool CompletionQueue::Arm() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!ready_.empty()) return false;
     armed_ = true;  // from here on, Push wakes the sleeper
   }
   if (ArmProvider()) return true;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   armed_ = false;
   return false;
 }

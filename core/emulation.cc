@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
+#include "core/mutex.h"
 #include "core/status.h"
 
 namespace zsock {
@@ -93,7 +94,7 @@ absl::Status Emulation::Start(OpType op, void* local, size_t len,
   }
   uint64_t id;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     id = next_id_++;
     pending_[id] = Pending{op, local, len, context};
   }
@@ -102,7 +103,7 @@ absl::Status Emulation::Start(OpType op, void* local, size_t len,
            id, remote_addr, len, a, b};
   absl::Status st = ep_->SendControl(Build(h, key, payload));
   if (!st.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     pending_.erase(id);
   }
   return st;
@@ -190,7 +191,7 @@ void Emulation::Finish(std::span<const uint8_t> msg) {
   std::memcpy(&h, msg.data(), kHeader);
   Pending p;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = pending_.find(h.id);
     if (it == pending_.end()) {
       ZS_LOG(kWarn, "dropping a response to unknown emulated operation %llu",
@@ -229,7 +230,7 @@ void Emulation::Finish(std::span<const uint8_t> msg) {
 void Emulation::FailAll(const absl::Status& why) {
   absl::flat_hash_map<uint64_t, Pending> failed;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     failed.swap(pending_);
   }
   for (auto& [id, p] : failed) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/config.h"
+#include "core/mutex.h"
 #include "core/emulation.h"
 #include "core/rcache.h"
 #include "core/status.h"
@@ -148,14 +149,14 @@ Registry& GetRegistry() {
 
 bool RegisterProvider(ProviderInfo info) {
   Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
+  MutexLock lock(&r.mu);
   r.providers.push_back(std::make_unique<ProviderInfo>(std::move(info)));
   return true;
 }
 
 std::vector<const ProviderInfo*> RegisteredProviders() {
   Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
+  MutexLock lock(&r.mu);
   std::vector<const ProviderInfo*> out;
   for (const auto& p : r.providers) out.push_back(p.get());
   return out;
@@ -187,13 +188,13 @@ Fabric::~Fabric() { ReleaseCache(); }
 void Fabric::ReleaseCache() {
   std::unique_ptr<RegistrationCache> cache;
   {
-    absl::MutexLock lock(&rcache_mu_);
+    MutexLock lock(&rcache_mu_);
     cache = std::move(rcache_);
   }
 }
 
 RegistrationCache& Fabric::rcache() {
-  absl::MutexLock lock(&rcache_mu_);
+  MutexLock lock(&rcache_mu_);
   if (rcache_ == nullptr) {
     RcacheLimits limits;
     if (const auto& config = Config::Global(); config.ok()) {

@@ -40,6 +40,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/config.h"
+#include "core/mutex.h"
 #include "core/log.h"
 #include "core/provider.h"
 #include "core/status.h"
@@ -569,7 +570,7 @@ class UnetFabric final : public Fabric {
   void ForgetShared(uint32_t id);
 
   void ReleaseSlot(uint32_t slot) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     free_slots_.push_back(slot);
   }
 
@@ -651,7 +652,7 @@ class UnetFabric final : public Fabric {
     }
     uint32_t slot;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (free_slots_.empty()) {
         return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
                          absl::StrCat("all ", settings_.key_slots, " unet registrations are in use"),
@@ -746,7 +747,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateRegistered(siz
   if (!fd.ok()) return fd.status();
   auto map = MapFd(fd->get(), size, "a unet shared segment");
   if (!map.ok()) return map.status();
-  absl::MutexLock lock(&ep_mu_);
+  MutexLock lock(&ep_mu_);
   uint32_t id = next_shm_id_++;
   auto reg = RegisterSlot(map->get(), len, access, id);
   if (!reg.ok()) return reg.status();
@@ -758,18 +759,18 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateRegistered(siz
 }
 
 void UnetFabric::AttachEndpoint(UnetEndpoint* ep, int sock) {
-  absl::MutexLock lock(&ep_mu_);
+  MutexLock lock(&ep_mu_);
   endpoints_.emplace_back(ep, sock);
   for (const auto& seg : shared_) AnnounceShared(sock, seg.id, seg.fd, seg.base, seg.size);
 }
 
 void UnetFabric::DetachEndpoint(UnetEndpoint* ep) {
-  absl::MutexLock lock(&ep_mu_);
+  MutexLock lock(&ep_mu_);
   std::erase_if(endpoints_, [ep](const auto& e) { return e.first == ep; });
 }
 
 void UnetFabric::ForgetShared(uint32_t id) {
-  absl::MutexLock lock(&ep_mu_);
+  MutexLock lock(&ep_mu_);
   std::erase_if(shared_, [id](const SharedSeg& s) { return s.id == id; });
 }
 
@@ -833,7 +834,7 @@ class UnetEndpoint final : public Endpoint {
   }
 
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion*, uint64_t context) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (closed_) return ClosedError();
     if (dead_ && (rx_abandoned_ || !rx_pending_locked())) return dead_status_;
     posted_.push_back({static_cast<uint8_t*>(buf), len, context});
@@ -876,7 +877,7 @@ class UnetEndpoint final : public Endpoint {
   void Close() override {
     std::vector<Completion> failed;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (closed_) return;
       closed_ = true;
       ::shutdown(p_.sock.get(), SHUT_RDWR);
@@ -941,7 +942,7 @@ class UnetEndpoint final : public Endpoint {
     bool notify = false;
     std::vector<Completion> done;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (closed_) return ClosedError();
       if (dead_) return dead_status_;
       PendingSend ps{type, data, std::move(owned), len, 0, false, context};
@@ -1268,7 +1269,7 @@ class UnetEndpoint final : public Endpoint {
     uint32_t shm_id = e->shm_id;
     uint64_t* word = nullptr;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (closed_ || dead_) {
         Unpin(e);
         *handled = true;
@@ -1322,7 +1323,7 @@ class UnetEndpoint final : public Endpoint {
   absl::Status DirectAccess(OpType op, void* local, size_t len, uint64_t remote_addr,
                             const RemoteKey& rkey, uint64_t context) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (closed_) return ClosedError();
       if (dead_) return dead_status_;
     }
@@ -1413,7 +1414,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
   size_t n = 0;
   bool notify = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (closed_) return 0;
     size_t consumed = 0;
     if (!rx_abandoned_) consumed += DrainControlLocked(&control);
@@ -1472,7 +1473,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
 bool UnetEndpoint::ArmAndCheck() {
   rx_hdr_->armed.store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (closed_) return false;
   if (dead_) {
     return !dead_sends_failed_ || !posted_.empty() || (!rx_abandoned_ && rx_ctl_.Peek() != nullptr);
@@ -1505,14 +1506,14 @@ void UnetCq::Attach(UnetEndpoint* ep, int watch_fd, int pidfd) {
     ev.data.fd = fd;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   endpoints_.push_back(ep);
 }
 
 void UnetCq::Detach(UnetEndpoint* ep, int watch_fd, int pidfd) {
   Unwatch(watch_fd);
   if (pidfd >= 0) Unwatch(pidfd);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   endpoints_.erase(std::remove(endpoints_.begin(), endpoints_.end(), ep), endpoints_.end());
 }
 
@@ -1523,14 +1524,14 @@ size_t UnetCq::Progress() {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (UnetEndpoint* ep : endpoints_) n += ep->Progress(check);
   return n;
 }
 
 bool UnetCq::ArmProvider() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (UnetEndpoint* ep : endpoints_) {
     if (ep->ArmAndCheck()) return false;
   }
