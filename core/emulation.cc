@@ -1,5 +1,6 @@
 #include "core/emulation.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -92,6 +93,15 @@ absl::Status Emulation::Start(OpType op, void* local, size_t len,
                                   ", +", rkey.length, ")"),
                      "access only inside the registered region the key names");
   }
+  // The request and its answer each travel as one control message: the
+  // data plus headers must fit the provider's largest message.
+  const size_t limit = ep_->fabric()->caps().max_msg_size;
+  if (len > limit - std::min<size_t>(limit, 4096)) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                     absl::StrCat("emulated ", OpTypeName(op), " of ", len,
+                                  " bytes exceeds what one control message carries"),
+                     "split the transfer into pieces below the provider's max_msg_size");
+  }
   uint64_t id;
   {
     MutexLock lock(&mu_);
@@ -104,7 +114,9 @@ absl::Status Emulation::Start(OpType op, void* local, size_t len,
   absl::Status st = ep_->SendControl(Build(h, key, payload));
   if (!st.ok()) {
     MutexLock lock(&mu_);
-    pending_.erase(id);
+    // FailAll may have taken (and reported) it meanwhile: then the caller
+    // gets that completion and must not also get this error.
+    if (pending_.erase(id) == 0) return absl::OkStatus();
   }
   return st;
 }

@@ -14,6 +14,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -361,10 +362,12 @@ TEST_P(Conformance, ReadWriteUnalignedAcrossPages) {
     ASSERT_TRUE(idx.ok()) << idx.status();
     ASSERT_EQ(*idx, absl::StrCat(i));
     EXPECT_TRUE(Check(target.data() + cases[i].off, cases[i].len, 500 + i)) << "case " << i;
-    if (cases[i].off > 0) {
-      // Byte before the range is untouched (from an earlier case or 0xee).
-      EXPECT_TRUE(i > 0 || target[cases[i].off - 1] == 0xee);
+    // Nothing outside the range was touched.
+    for (size_t b = 0; b < region; ++b) {
+      if (b >= cases[i].off && b < cases[i].off + cases[i].len) continue;
+      ASSERT_EQ(target[b], 0xee) << "case " << i << ": byte " << b << " outside the range changed";
     }
+    std::fill(target.begin(), target.end(), 0xee);  // fresh guard for the next case
     ASSERT_TRUE(SendBlob(ep.get(), "ok").ok());
   }
   EXPECT_EQ(Reap(child), 0);
@@ -709,6 +712,10 @@ TEST_P(Conformance, WaitThroughCqFdInEpoll) {
     CHILD_OK(go.status());
     absl::SleepFor(absl::Milliseconds(200));  // parent is asleep in epoll_wait
     CHILD_OK(SendBlob(c.ep.get(), "wake up"));
+    // Stay connected until the parent has seen the message: our exit would
+    // wake it through the connection's end, hiding a missing wakeup.
+    auto bye = RecvBlob(c.ep.get());
+    CHILD_OK(bye.status());
     return 0;
   });
   auto ep = AcceptOne();
@@ -744,6 +751,7 @@ TEST_P(Conformance, WaitThroughCqFdInEpoll) {
   EXPECT_EQ(c.context, 9u);
   EXPECT_EQ(buf.substr(0, c.length), "wake up");
   EXPECT_GE(wakeups, 1);
+  ASSERT_TRUE(SendBlob(ep.get(), "bye").ok());
   EXPECT_EQ(Reap(child), 0);
 }
 
@@ -804,34 +812,44 @@ TEST_P(Conformance, PeerKilledMidTransferFailsOperations) {
   ASSERT_NE(ep, nullptr);
   std::vector<uint8_t> msg(1 << 20, 3);
   // Many sends outstanding towards a peer that stops receiving.
-  for (int i = 0; i < 64; ++i) ASSERT_TRUE(ep->Send(msg.data(), msg.size(), nullptr, i).ok());
+  constexpr int kSends = 64;
+  for (int i = 0; i < kSends; ++i) ASSERT_TRUE(ep->Send(msg.data(), msg.size(), nullptr, i).ok());
   // And a receive for the child's 64 MiB message, which never finishes.
   std::vector<uint8_t> in(1 << 20);
   ASSERT_TRUE(ep->PostRecv(in.data(), in.size(), nullptr, 1000).ok());
+  // Every operation must complete exactly once: before or after the kill.
+  std::map<uint64_t, int> seen;
+  int errors = 0;
+  bool recv_failed = false;
+  auto tally = [&](const Completion& c) {
+    ++seen[c.context];
+    if (!c.status.ok()) {
+      ++errors;
+      if (c.op == OpType::kRecv) recv_failed = true;
+    }
+  };
   absl::SleepFor(absl::Milliseconds(300));
   Completion drain[64];
-  cq_->Poll(drain);
+  for (size_t n = cq_->Poll(drain), i = 0; i < n; ++i) tally(drain[i]);
   ASSERT_EQ(kill(child, SIGKILL), 0);
   absl::Time killed = absl::Now();
   EXPECT_EQ(Reap(child), -SIGKILL);
-  // Every remaining operation completes, with an error, within one second
-  // of the kill.
-  int errors = 0;
-  bool recv_failed = false;
   absl::Time last_failure = killed;
-  for (;;) {
+  while (seen.size() < kSends + 1) {
     auto c = WaitOne(cq_.get(), absl::Seconds(2));
     if (!c.ok()) break;
-    if (!c->status.ok()) {
-      ++errors;
-      last_failure = absl::Now();
-      if (c->op == OpType::kRecv) recv_failed = true;
-    }
+    if (!c->status.ok()) last_failure = absl::Now();
+    tally(*c);
   }
+  EXPECT_EQ(seen.size(), size_t{kSends + 1}) << "operations never completed";
+  for (const auto& [ctx, count] : seen) EXPECT_EQ(count, 1) << "context " << ctx;
   EXPECT_GT(errors, 0);
   EXPECT_TRUE(recv_failed) << "the receive from the killed peer never failed";
   EXPECT_LT(last_failure - killed, absl::Seconds(1))
       << "operations failed only " << (last_failure - killed) << " after the kill";
+  // Nothing more arrives.
+  Completion extra;
+  EXPECT_EQ(cq_->Poll(std::span<Completion>(&extra, 1)), 0u);
   // New operations fail at once.
   EXPECT_FALSE(ep->Send(msg.data(), 10, nullptr, 9999).ok());
 }
