@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,8 @@ struct FakePeer {
   uint8_t* own = nullptr;  // our segment (the server writes here)
   size_t own_size = 0;
   uint8_t* server = nullptr;  // the server's segment (we write here)
+  KeySlot* server_keys = nullptr;  // the server's key table (peers can write it)
+  KeySlot* own_keys = nullptr;     // our key table (the server reads it)
   SegmentLayout server_layout;
   size_t server_size = 0;
   int fds[3] = {-1, -1, -1};
@@ -39,6 +42,8 @@ struct FakePeer {
   ~FakePeer() {
     if (own) munmap(own, own_size);
     if (server) munmap(server, server_size);
+    if (server_keys) munmap(server_keys, sizeof(KeySlot) * 16);
+    if (own_keys) munmap(own_keys, sizeof(KeySlot) * 16);
     for (int fd : fds) if (fd >= 0) close(fd);
     if (sock >= 0) close(sock);
   }
@@ -75,6 +80,8 @@ bool Start(const std::string& address, FakePeer* p) {
   int keys = Memfd(sizeof(KeySlot) * 16);
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (seg < 0 || keys < 0 || efd < 0) return false;
+  p->own_keys = static_cast<KeySlot*>(
+      mmap(nullptr, sizeof(KeySlot) * 16, PROT_READ | PROT_WRITE, MAP_SHARED, keys, 0));
   p->own = static_cast<uint8_t*>(mmap(nullptr, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, seg, 0));
   auto* hdr = new (p->own) SegmentHeader{};
   hdr->magic = kSegmentMagic;
@@ -131,7 +138,31 @@ bool Finish(FakePeer* p) {
   void* m = mmap(nullptr, p->server_size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fds[0], 0);
   if (m == MAP_FAILED) return false;
   p->server = static_cast<uint8_t*>(m);
+  // The server's key table: one page is plenty for the slots used here.
+  m = mmap(nullptr, sizeof(KeySlot) * 16, PROT_READ | PROT_WRITE, MAP_SHARED, p->fds[2], 0);
+  if (m == MAP_FAILED) return false;
+  p->server_keys = static_cast<KeySlot*>(m);
   return true;
+}
+
+// Sends a shared-segment announcement (with a memfd of `fd_size` bytes).
+void Announce(FakePeer* p, uint32_t id, uint64_t base, uint64_t size, size_t fd_size) {
+  int fd = Memfd(fd_size);
+  ShmAnnounce a{kShmAnnounce, id, base, size};
+  iovec iov{&a, sizeof(a)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  sendmsg(p->sock, &msg, 0);
+  close(fd);
 }
 
 class HostilePeer : public ::testing::Test {
@@ -168,6 +199,20 @@ class HostilePeer : public ::testing::Test {
       EXPECT_FALSE((*ep)->Send(buf.data(), 1, nullptr, 8).ok());
     }
     return c.status;
+  }
+
+  // Connects a fake peer and returns the server's endpoint for it.
+  std::unique_ptr<Endpoint> Connect(FakePeer* peer) {
+    if (!Start(listener_->address(), peer)) return nullptr;
+    auto ep = listener_->Accept(cq_.get(), absl::Seconds(10));
+    if (!ep.ok() || !Finish(peer)) return nullptr;
+    return std::move(*ep);
+  }
+
+  void PollFor(absl::Duration d) {
+    absl::Time end = absl::Now() + d;
+    Completion c[8];
+    while (absl::Now() < end) cq_->Wait(c, absl::Milliseconds(5)).IgnoreError();
   }
 
   std::unique_ptr<Fabric> fabric_;
@@ -267,6 +312,167 @@ TEST_F(HostilePeer, OtherConnectionsCarryOn) {
   ASSERT_EQ(*n, 1u);
   EXPECT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(std::string(in, c.length), "still fine");
+}
+
+// The peer rewrites a descriptor while the server reads it: whatever the
+// server sees, it must not write outside the posted buffer or read outside
+// its segment (ASan and the guard bytes catch both).
+TEST_F(HostilePeer, DescriptorRewrittenWhileReadIsHarmless) {
+  for (int round = 0; round < 50; ++round) {
+    FakePeer peer;
+    auto ep = Connect(&peer);
+    ASSERT_NE(ep, nullptr);
+    std::vector<uint8_t> area(3 * 4096, 0x77);
+    uint8_t* buf = area.data() + 4096;
+    ASSERT_TRUE(ep->PostRecv(buf, 4096, nullptr, 1).ok());
+    Desc* d = peer.UserSlot(0);
+    d->type = kUserMsg;
+    d->flags = kFirst | kLast;
+    d->buf = 0;
+    d->len = 100;
+    d->total = 100;
+    std::atomic<bool> stop{false};
+    std::thread flipper([&] {
+      std::mt19937 rng(round);
+      while (!stop.load()) {
+        d->len = (rng() & 1) ? 100 : 0xffffff;
+        d->total = (rng() & 1) ? 100 : (uint64_t{1} << 20);
+        d->buf = (rng() & 1) ? 0 : 0xfffff;
+        d->flags = static_cast<uint8_t>(rng());
+      }
+    });
+    Publish(d, 1);
+    Completion c;
+    cq_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(50)).IgnoreError();
+    stop.store(true);
+    flipper.join();
+    for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(area[i], 0x77) << "underrun at " << i;
+    for (size_t i = 2 * 4096; i < area.size(); ++i) ASSERT_EQ(area[i], 0x77) << "overrun at " << i;
+  }
+}
+
+// Random descriptors in the control ring abort the connection, nothing else.
+TEST_F(HostilePeer, RandomControlDescriptorsNeverCrash) {
+  std::mt19937_64 rng(777);
+  for (int i = 0; i < 100; ++i) {
+    FakePeer peer;
+    auto ep = Connect(&peer);
+    ASSERT_NE(ep, nullptr);
+    std::vector<uint8_t> buf(4096);
+    ASSERT_TRUE(ep->PostRecv(buf.data(), buf.size(), nullptr, 1).ok());
+    Desc* d = peer.ControlSlot(0);
+    auto* raw = reinterpret_cast<uint8_t*>(d) + sizeof(d->seq);
+    for (size_t k = 0; k < sizeof(Desc) - sizeof(d->seq); ++k) raw[k] = static_cast<uint8_t>(rng());
+    d->type = kControlMsg;
+    Publish(d, 1);
+    PollFor(absl::Milliseconds(5));
+  }
+}
+
+// The peer rewrites our key table (it is mapped writable so that peers can
+// count themselves in) to widen a registration, then asks for an emulated
+// write outside the real registration. The server decides from its private
+// record: the write is refused and the victim word is untouched.
+TEST_F(HostilePeer, TamperedKeyTableGrantsNothing) {
+  alignas(64) static uint64_t victim = 0x1111;
+  alignas(64) static uint8_t region[64] = {};
+  auto mr = fabric_->RegisterMemory(region, sizeof(region), kAccessAll);
+  ASSERT_TRUE(mr.ok());
+  RemoteKey key = (*mr)->remote_key();
+  uint32_t slot;
+  std::memcpy(&slot, key.blob.data(), 4);
+  FakePeer peer;
+  auto ep = Connect(&peer);
+  ASSERT_NE(ep, nullptr);
+  ASSERT_LT(slot, 16u);
+  KeySlot* e = &peer.server_keys[slot];
+  e->addr = 0;
+  e->len = ~uint64_t{0} >> 1;  // "everything"
+  e->access = kAccessAll;
+  // An emulated write request (docs/provider-interface.md, version 1).
+  std::string k = key.Serialize();
+  uint64_t value = 0xdeadbeef;
+  std::vector<uint8_t> msg(48 + k.size() + 8);
+  msg[0] = 1;  // request
+  msg[1] = static_cast<uint8_t>(OpType::kWrite);
+  uint16_t key_len = static_cast<uint16_t>(k.size());
+  std::memcpy(&msg[2], &key_len, 2);
+  uint64_t id = 1, addr = reinterpret_cast<uint64_t>(&victim), len = 8;
+  std::memcpy(&msg[8], &id, 8);
+  std::memcpy(&msg[16], &addr, 8);
+  std::memcpy(&msg[24], &len, 8);
+  std::memcpy(&msg[48], k.data(), k.size());
+  std::memcpy(&msg[48 + k.size()], &value, 8);
+  ASSERT_LE(msg.size(), kInline);
+  Desc* d = peer.ControlSlot(0);
+  d->type = kControlMsg;
+  d->flags = kFirst | kLast | kInlineData;
+  d->len = static_cast<uint32_t>(msg.size());
+  d->total = msg.size();
+  std::memcpy(d->data, msg.data(), msg.size());
+  Publish(d, 1);
+  PollFor(absl::Milliseconds(200));
+  EXPECT_EQ(victim, 0x1111u) << "the server wrote where no registration allows";
+  // The server answered with a refusal in our control ring.
+  SegmentLayout l = SegmentLayout::For(kRing, kBufSize, kBuffers);
+  Desc* resp = reinterpret_cast<Desc*>(peer.own + l.ctl_ring);
+  ASSERT_EQ(resp->seq.load(), 1u) << "no answer from the server";
+  ASSERT_GE(resp->len, 8u);
+  // With its error text the answer is longer than a descriptor: it is in a
+  // buffer of our segment.
+  const uint8_t* body = (resp->flags & kInlineData)
+                            ? resp->data
+                            : peer.own + l.buffers + size_t{resp->buf} * l.buffer_size;
+  uint32_t err;
+  std::memcpy(&err, body + 4, 4);
+  EXPECT_EQ(err, static_cast<uint32_t>(EACCES));
+}
+
+// Malformed shared-segment announcements (too small, not whole pages,
+// duplicates) are ignored: atomics on them fall back to emulation instead
+// of touching memory outside the segment.
+TEST_F(HostilePeer, MalformedAnnouncementsAreIgnored) {
+  FakePeer peer;
+  auto ep = Connect(&peer);
+  ASSERT_NE(ep, nullptr);
+  // Our (fake) key table: slot 0 claims a huge registration in segment 5.
+  KeySlot* e = &peer.own_keys[0];
+  e->addr = 0x10000;
+  e->len = uint64_t{1} << 40;
+  e->access = kAccessAll;
+  e->shm_id = 5;
+  e->gen.store(1);
+  Announce(&peer, 5, 0x10000, 8, 4096);      // not a whole page
+  Announce(&peer, 6, 0x10000, 4, 4096);      // smaller than a word
+  RemoteKey key;
+  key.addr = 0x10000;
+  key.length = uint64_t{1} << 40;
+  key.access = kAccessAll;
+  key.blob.resize(8);
+  uint32_t slot = 0, gen = 1;
+  std::memcpy(key.blob.data(), &slot, 4);
+  std::memcpy(key.blob.data() + 4, &gen, 4);
+  uint64_t old = 0;
+  // Far outside any real segment: must not be executed as a CPU atomic,
+  // whichever of the two bad announcements the key names.
+  for (uint32_t id : {5u, 6u}) {
+    e->shm_id = id;
+    absl::Status st = ep->FetchAdd(&old, 0x10000 + (uint64_t{1} << 30), key, 1, 9);
+    EXPECT_TRUE(st.ok()) << st;  // accepted, then emulated (the fake never answers)
+    PollFor(absl::Milliseconds(30));
+  }
+  // A good announcement, then a duplicate of it: the first one is used.
+  Announce(&peer, 7, 0x20000, 4096, 4096);
+  Announce(&peer, 7, 0x20000, 1 << 20, 1 << 20);
+  e->shm_id = 7;
+  e->addr = 0x20000;
+  e->len = 4096;
+  ASSERT_TRUE(ep->FetchAdd(&old, 0x20000 + 64, key, 5, 10).ok());
+  Completion c;
+  auto n = cq_->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
+  ASSERT_TRUE(n.ok() && *n == 1) << "a CPU atomic on an announced segment completes at once";
+  EXPECT_EQ(c.context, 10u);
+  EXPECT_TRUE(c.status.ok()) << c.status;
 }
 
 }  // namespace
