@@ -3,7 +3,7 @@
 // When a provider lacks native RDMA read/write or atomics (or, like unet
 // without cross-memory attach, cannot use them towards a given peer), the
 // Endpoint base class sends a request over the control channel; the target's
-// progress engine validates the remote key with Fabric::ResolveLocalKey,
+// progress engine validates the remote key with Fabric::AccessLocal,
 // performs the access on its own memory and replies. Written once here so no
 // provider or caller repeats it. Wire format: docs/provider-interface.md.
 #ifndef ZSOCK_CORE_EMULATION_H_
