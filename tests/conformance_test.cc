@@ -320,7 +320,9 @@ TEST_P(Conformance, OrderingWithManyOutstanding) {
     Fill(want.data(), want.size(), k);
     std::memcpy(want.data(), &k, sizeof(k));
     ASSERT_EQ(std::memcmp(p, want.data(), c->length), 0) << "message " << k;
-    if (next_post < kMessages) ASSERT_TRUE(post(slot_of[k]).ok());
+    if (next_post < kMessages) {
+      ASSERT_TRUE(post(slot_of[k]).ok());
+    }
   }
   ASSERT_TRUE(SendBlob(ep.get(), "done").ok());
   EXPECT_EQ(Reap(child), 0);
