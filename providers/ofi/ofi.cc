@@ -52,6 +52,7 @@
 #include "absl/time/clock.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/mutex.h"
 #include "core/provider.h"
 #include "core/rcache.h"
 #include "core/status.h"
@@ -291,18 +292,25 @@ class OfiCq final : public CompletionQueue {
 
   int wait_fd() const override { return epoll_.get(); }
   fid_cq* cq() const { return cq_; }
+  // Core's wake eventfd joins the wait set.
+  void WatchWake() {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = wake_fd();
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd(), &ev);
+  }
 
   void Attach(OfiEndpoint* ep, int oob) {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = oob;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, oob, &ev);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     endpoints_.push_back(ep);
   }
   void Detach(OfiEndpoint* ep, int oob) {
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, oob, nullptr);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     std::erase(endpoints_, ep);
   }
   void Unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
@@ -373,7 +381,7 @@ class OfiFabric final : public Fabric {
     uint64_t requested_key = next_key_.fetch_add(1);  // ignored with FI_MR_PROV_KEY
     int rc;
     {
-      absl::MutexLock lock(&dom_mu_);
+      MutexLock lock(&dom_mu_);
       rc = fi_mr_reg(domain_, addr, len, fi_access, 0, requested_key, 0, &mr, nullptr);
     }
     if (rc != 0) {
@@ -400,28 +408,30 @@ class OfiFabric final : public Fabric {
       std::memcpy(blob.data() + 1, &key, 8);
     }
     {
-      absl::MutexLock lock(&regs_mu_);
+      MutexLock lock(&regs_mu_);
       regs_[reinterpret_cast<uintptr_t>(mr)] = Reg{reinterpret_cast<uint64_t>(addr), len, access, blob};
     }
     return std::unique_ptr<MemoryRegion>(new OfiRegion(this, addr, len, access, mr, std::move(blob)));
   }
 
   void Forget(fid_mr* mr_id) {
-    absl::MutexLock lock(&regs_mu_);
+    MutexLock lock(&regs_mu_);
     regs_.erase(reinterpret_cast<uintptr_t>(mr_id));
   }
 
   // Emulated operations arrive with our own key: find the live registration
-  // with that key blob and check the range against it.
-  absl::StatusOr<void*> ResolveLocalKey(const RemoteKey& rkey, uint64_t addr, size_t len,
-                                        uint32_t access) override {
-    absl::MutexLock lock(&regs_mu_);
+  // with that key blob, check the range against it and access while holding
+  // the registration table (deregistration waits).
+  absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len, uint32_t access,
+                           absl::FunctionRef<void(void*)> fn) override {
+    MutexLock lock(&regs_mu_);
     for (const auto& [id, r] : regs_) {
       if (r.blob != rkey.blob) continue;
       if (addr < r.addr || len > r.len || addr - r.addr > r.len - len || (r.access & access) != access) {
         break;
       }
-      return reinterpret_cast<void*>(addr);
+      fn(reinterpret_cast<void*>(addr));
+      return absl::OkStatus();
     }
     return MakeError(absl::StatusCode::kPermissionDenied, EACCES,
                      absl::StrCat("remote access to [0x", absl::Hex(addr), ", +", len,
@@ -570,7 +580,7 @@ class OfiEndpoint final : public Endpoint {
 
   // Posts the control receives; called once after construction.
   absl::Status Start() {
-    absl::MutexLock lock(&fab_->dom_mu());
+    MutexLock lock(&fab_->dom_mu());
     for (int i = 0; i < kControlRecvs; ++i) {
       if (auto st = PostControlRecvLocked(); !st.ok()) return st;
     }
@@ -723,7 +733,7 @@ class OfiEndpoint final : public Endpoint {
   }
 
   absl::Status Submit(Request* r, const PostFn& post) {
-    absl::MutexLock lock(&fab_->dom_mu());
+    MutexLock lock(&fab_->dom_mu());
     if (closed_ || dead_) {
       delete r;
       return closed_ ? MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
@@ -785,7 +795,7 @@ class OfiEndpoint final : public Endpoint {
                    const RemoteKey& rkey, uint64_t context) {
     uint64_t key = 0, addr = 0;
     {
-      absl::MutexLock lock(&fab_->dom_mu());
+      MutexLock lock(&fab_->dom_mu());
       if (auto st = DecodeKey(rkey, remote_addr, len, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, len);
@@ -806,7 +816,7 @@ class OfiEndpoint final : public Endpoint {
     }
     uint64_t key = 0, addr = 0;
     {
-      absl::MutexLock lock(&fab_->dom_mu());
+      MutexLock lock(&fab_->dom_mu());
       if (auto st = DecodeKey(rkey, remote_addr, 8, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, 8);
@@ -850,7 +860,7 @@ class OfiEndpoint final : public Endpoint {
     std::vector<Completion> out;
     bool fail_emulated = false;
     {
-      absl::MutexLock lock(&fab_->dom_mu());
+      MutexLock lock(&fab_->dom_mu());
       if (closed) closed_ = true;
       if (dead_) return;
       dead_ = true;
@@ -970,7 +980,7 @@ size_t OfiCq::Progress() {
     check = true;
   }
   // Held throughout: an endpoint cannot leave (Detach) while progressed.
-  absl::MutexLock list_lock(&mu_);
+  MutexLock list_lock(&mu_);
   const std::vector<OfiEndpoint*>& eps = endpoints_;
   if (check) {
     for (OfiEndpoint* ep : eps) ep->CheckPeer();
@@ -980,7 +990,7 @@ size_t OfiCq::Progress() {
   std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
   size_t n = 0;
   {
-    absl::MutexLock lock(&fabric_->dom_mu());
+    MutexLock lock(&fabric_->dom_mu());
     std::vector<std::pair<Request*, absl::Status>> entries;
     for (OfiEndpoint* ep : eps) {
       for (auto& e : ep->deferred_) entries.push_back(std::move(e));
@@ -1007,7 +1017,7 @@ bool OfiCq::ArmProvider() {
     ::timerfd_settime(wait_.get(), 0, &ts, nullptr);
     return true;
   }
-  absl::MutexLock lock(&fabric_->dom_mu());
+  MutexLock lock(&fabric_->dom_mu());
   fid* fids[1] = {&cq_->fid};
   return fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS;
 }
@@ -1020,7 +1030,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> OfiFabric::CreateCq() {
   fid_cq* cq = nullptr;
   int rc;
   {
-    absl::MutexLock lock(&dom_mu_);
+    MutexLock lock(&dom_mu_);
     rc = fi_cq_open(domain_, &attr, &cq, nullptr);
   }
   if (rc != 0) return FiError(rc, "fi_cq_open");
@@ -1046,7 +1056,9 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> OfiFabric::CreateCq() {
   ev.events = EPOLLIN;
   ev.data.fd = wait.get();
   ::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wait.get(), &ev);
-  return std::unique_ptr<CompletionQueue>(new OfiCq(this, cq, std::move(wait), timer, std::move(epoll)));
+  auto ocq = std::unique_ptr<OfiCq>(new OfiCq(this, cq, std::move(wait), timer, std::move(epoll)));
+  ocq->WatchWake();
+  return std::unique_ptr<CompletionQueue>(std::move(ocq));
 }
 
 // ------------------------------------------------------------ connections
@@ -1078,7 +1090,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   };
   OfiHello mine{};
   {
-    absl::MutexLock lock(&dom_mu_);
+    MutexLock lock(&dom_mu_);
     int rc = fi_endpoint(domain_, info_, &ep, nullptr);
     if (rc != 0) return fail(FiError(rc, "fi_endpoint"));
     fi_av_attr av_attr{};
@@ -1107,7 +1119,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   }
   fi_addr_t peer_addr = FI_ADDR_UNSPEC;
   {
-    absl::MutexLock lock(&dom_mu_);
+    MutexLock lock(&dom_mu_);
     int rc = fi_av_insert(av, theirs.name, 1, &peer_addr, 0, nullptr);
     if (rc != 1) {
       return fail(FiError(rc < 0 ? rc : -FI_EINVAL, "fi_av_insert of the peer's address",
