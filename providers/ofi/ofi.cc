@@ -359,7 +359,12 @@ class OfiFabric final : public Fabric {
   fid_fabric* fabric() const { return fabric_; }
   absl::Mutex& dom_mu() { return dom_mu_; }
   bool atomics_native() const { return atomics_native_; }
-  bool virt_addr() const { return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0; }
+  // How remote addresses are given. zsock asks for FI_MR_VIRT_ADDR. rxm
+  // (1.17) then reports mr_mode 0, i.e. offsets, and checks its own
+  // (emulated) atomics against offsets, yet passes RMA to tcp, which checks
+  // virtual addresses. So RMA always uses virtual addresses, atomics follow
+  // the returned bit. The conformance suite covers both on every provider.
+  bool virt_addr_atomic() const { return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0; }
   bool raw_keys() const { return (info_->domain_attr->mr_mode & FI_MR_RAW) != 0; }
   bool local_mr() const { return (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0; }
   const Settings& settings() const { return settings_; }
@@ -389,7 +394,7 @@ class OfiFabric final : public Fabric {
                      "check the locked-memory limit (ulimit -l) and the provider's MR limits");
     }
     std::vector<uint8_t> blob;
-    uint8_t flags = virt_addr() ? kBlobVirt : 0;
+    uint8_t flags = virt_addr_atomic() ? kBlobVirt : 0;
     if (raw_keys()) {
       size_t key_size = RemoteKey::kMaxBlob - 1;
       std::vector<uint8_t> raw(key_size);
@@ -537,7 +542,12 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   c.rdma_read = (f->info_->caps & FI_RMA) ? Support::kNative : Support::kEmulated;
   c.rdma_write = c.rdma_read;
   c.atomics = f->atomics_native_ ? Support::kNative : Support::kEmulated;
-  c.atomics_allocated = c.atomics;
+  // One-sided only where the provider progresses data by itself; with
+  // manual progress (tcp;ofi_rxm emulates atomics over messages) the
+  // target must poll.
+  c.atomics_allocated = (f->atomics_native_ && f->info_->domain_attr->data_progress == FI_PROGRESS_AUTO)
+                            ? Support::kNative
+                            : Support::kEmulated;
   c.max_msg_size = std::min<size_t>(f->info_->ep_attr->max_msg_size, size_t{1} << 30);
   c.max_rma_size = c.max_msg_size;
   c.inline_size = f->info_->tx_attr->inject_size;
@@ -759,8 +769,8 @@ class OfiEndpoint final : public Endpoint {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeKey(const RemoteKey& rkey, uint64_t remote_addr, size_t len, uint64_t* key,
-                         uint64_t* addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+  absl::Status DecodeKey(const RemoteKey& rkey, uint64_t remote_addr, size_t len, bool atomic,
+                         uint64_t* key, uint64_t* addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (rkey.blob.size() < 2 || remote_addr < rkey.addr || len > rkey.length ||
         remote_addr - rkey.addr > rkey.length - len) {
       return MakeError(absl::StatusCode::kOutOfRange, EFAULT,
@@ -769,7 +779,7 @@ class OfiEndpoint final : public Endpoint {
                        "access only inside the registered region the key names");
     }
     uint8_t flags = rkey.blob[0];
-    *addr = (flags & kBlobVirt) ? remote_addr : remote_addr - rkey.addr;
+    *addr = (!atomic || (flags & kBlobVirt)) ? remote_addr : remote_addr - rkey.addr;
     if (flags & kBlobRaw) {
       std::string raw(rkey.blob.begin() + 1, rkey.blob.end());
       auto it = raw_keys_.find(raw);
@@ -796,7 +806,7 @@ class OfiEndpoint final : public Endpoint {
     uint64_t key = 0, addr = 0;
     {
       MutexLock lock(&fab_->dom_mu());
-      if (auto st = DecodeKey(rkey, remote_addr, len, &key, &addr); !st.ok()) return st;
+      if (auto st = DecodeKey(rkey, remote_addr, len, /*atomic=*/false, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, len);
     void* desc = Desc(mr, local, len);
@@ -817,7 +827,7 @@ class OfiEndpoint final : public Endpoint {
     uint64_t key = 0, addr = 0;
     {
       MutexLock lock(&fab_->dom_mu());
-      if (auto st = DecodeKey(rkey, remote_addr, 8, &key, &addr); !st.ok()) return st;
+      if (auto st = DecodeKey(rkey, remote_addr, 8, /*atomic=*/true, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, 8);
     r->user_result = result;
@@ -954,6 +964,7 @@ size_t OfiCq::DrainLocked(std::vector<std::pair<Request*, absl::Status>>* out) {
     if (got > 0) {
       for (ssize_t i = 0; i < got; ++i) {
         auto* r = reinterpret_cast<Request*>(entries[i].op_context);
+        if (r == nullptr) continue;  // an event that is not one of our operations
         r->len = (r->op == OpType::kRecv) ? entries[i].len : r->len;
         out->push_back({r, absl::OkStatus()});
       }
@@ -963,7 +974,14 @@ size_t OfiCq::DrainLocked(std::vector<std::pair<Request*, absl::Status>>* out) {
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(cq_, &err, 0) > 0) {
-        out->push_back({reinterpret_cast<Request*>(err.op_context), CqError(cq_, &err)});
+        absl::Status st = CqError(cq_, &err);
+        if (err.op_context == nullptr) {
+          // Not tied to an operation of ours (e.g. a failed connection
+          // inside the provider): report it, keep going.
+          ZS_LOG(kWarn, "ofi CQ error without an operation: %s", st.ToString());
+        } else {
+          out->push_back({reinterpret_cast<Request*>(err.op_context), std::move(st)});
+        }
         ++n;
         continue;
       }
