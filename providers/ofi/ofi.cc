@@ -68,6 +68,7 @@ constexpr int kControlRecvs = 8;
 constexpr uint32_t kHelloMagic = 0x7a6f6669;  // "zofi"
 constexpr uint16_t kHelloVersion = 1;
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
+constexpr uint8_t kFinMarker = 0xf1;  // control message: graceful close
 
 // ------------------------------------------------------------ errors
 
@@ -284,39 +285,38 @@ constexpr uint8_t kBlobRaw = 1, kBlobVirt = 2;
 
 // ------------------------------------------------------------ completion queue
 
+// A zsock CQ over the fi CQs of its endpoints. Each endpoint owns an fi CQ
+// that is closed with it: closing one endpoint of an fi CQ shared with
+// others left rxm (1.17) touching freed memory in fi_trywait.
 class OfiCq final : public CompletionQueue {
  public:
-  OfiCq(OfiFabric* fabric, fid_cq* cq, Fd wait, bool timer, Fd epoll)
-      : fabric_(fabric), cq_(cq), wait_(std::move(wait)), timer_(timer), epoll_(std::move(epoll)) {}
-  ~OfiCq() override;
+  OfiCq(OfiFabric* fabric, Fd timer, Fd epoll)
+      : fabric_(fabric), timer_(std::move(timer)), epoll_(std::move(epoll)) {}
+  ~OfiCq() override = default;
 
   int wait_fd() const override { return epoll_.get(); }
-  fid_cq* cq() const { return cq_; }
-  // Core's wake eventfd joins the wait set.
+  // Core's wake eventfd (and the timer, for providers without a wait
+  // object) join the wait set.
   void WatchWake() {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = wake_fd();
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd(), &ev);
+    Watch(wake_fd());
+    if (timer_) Watch(timer_.get());
   }
-
-  void Attach(OfiEndpoint* ep, int oob) {
+  void Watch(int fd) {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = oob;
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, oob, &ev);
-    MutexLock lock(&mu_);
-    endpoints_.push_back(ep);
-  }
-  void Detach(OfiEndpoint* ep, int oob) {
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, oob, nullptr);
-    MutexLock lock(&mu_);
-    std::erase(endpoints_, ep);
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
   void Unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
 
-  // Reads every completion now in the CQ (domain lock held by the caller).
-  size_t DrainLocked(std::vector<std::pair<Request*, absl::Status>>* out);
+  void Attach(OfiEndpoint* ep) {
+    MutexLock lock(&mu_);
+    endpoints_.push_back(ep);
+  }
+  void Detach(OfiEndpoint* ep) {
+    MutexLock lock(&mu_);
+    std::erase(endpoints_, ep);
+  }
 
  protected:
   size_t Progress() override;
@@ -324,16 +324,14 @@ class OfiCq final : public CompletionQueue {
   void ClearWakeup() override {
     if (timer_) {
       uint64_t v;
-      while (::read(wait_.get(), &v, sizeof(v)) == sizeof(v)) {}
+      while (::read(timer_.get(), &v, sizeof(v)) == sizeof(v)) {}
     }
     check_liveness_.store(true, std::memory_order_relaxed);
   }
 
  private:
   OfiFabric* fabric_;
-  fid_cq* cq_;
-  Fd wait_;     // timerfd when the provider has no wait object
-  bool timer_;  // true: wait_ is a timerfd; false: the CQ's own FI_WAIT_FD
+  Fd timer_;  // for providers without a CQ wait object: wakes every 1 ms
   Fd epoll_;
   absl::Mutex mu_;
   std::vector<OfiEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
@@ -572,20 +570,95 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   return std::unique_ptr<Fabric>(std::move(f));
 }
 
+// ------------------------------------------------------------ CQ methods
+
+absl::Status CqError(fid_cq* cq, fi_cq_err_entry* err) {
+  char buf[256] = {};
+  const char* text = fi_cq_strerror(cq, err->prov_errno, err->err_data, buf, sizeof(buf));
+  int e = err->err;
+  if (e == FI_ETRUNC) {
+    return MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
+                     absl::StrCat("a message of ", err->len + err->olen,
+                                  " bytes met a smaller receive and was discarded"),
+                     "post receive buffers as large as the largest message");
+  }
+  if (e == FI_ECANCELED) {
+    return MakeError(absl::StatusCode::kCancelled, ECANCELED, "the operation was cancelled");
+  }
+  return MakeError(absl::StatusCode::kAborted, e < 256 ? e : EIO,
+                   absl::StrCat("ofi operation failed: ", fi_strerror(e), " (provider: ",
+                                text ? text : "?", ")"),
+                   e == FI_EACCES || e == FI_EINVAL
+                       ? "the target refused the access: check the remote key, range and rights"
+                       : "the peer may have gone away; reconnect");
+}
+
+// Reads every completion now in `cq` (domain lock held by the caller).
+size_t DrainCq(fid_cq* cq_, std::vector<std::pair<Request*, absl::Status>>* out) {
+  size_t n = 0;
+  for (;;) {
+    fi_cq_tagged_entry entries[16];
+    ssize_t got = fi_cq_read(cq_, entries, 16);
+    if (got > 0) {
+      for (ssize_t i = 0; i < got; ++i) {
+        auto* r = reinterpret_cast<Request*>(entries[i].op_context);
+        if (r == nullptr) continue;  // an event that is not one of our operations
+        r->len = (r->op == OpType::kRecv) ? entries[i].len : r->len;
+        out->push_back({r, absl::OkStatus()});
+      }
+      n += static_cast<size_t>(got);
+      continue;
+    }
+    if (got == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq_, &err, 0) > 0) {
+        absl::Status st = CqError(cq_, &err);
+        if (err.op_context == nullptr) {
+          // Not tied to an operation of ours (e.g. a failed connection
+          // inside the provider): report it, keep going.
+          ZS_LOG(kWarn, "ofi CQ error without an operation: %s", st.ToString());
+        } else {
+          out->push_back({reinterpret_cast<Request*>(err.op_context), std::move(st)});
+        }
+        ++n;
+        continue;
+      }
+    }
+    return n;
+  }
+}
+
 // ------------------------------------------------------------ endpoint
 
 class OfiEndpoint final : public Endpoint {
  public:
-  OfiEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_av* av, fi_addr_t peer, Fd oob,
-              EndpointInfo info)
-      : Endpoint(fabric, cq), fab_(fabric), cq_(cq), ep_(ep), av_(av), peer_(peer),
-        oob_(std::move(oob)), info_(std::move(info)) {
-    cq_->Attach(this, oob_.get());
+  OfiEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_av* av, fid_cq* fcq, int fcq_fd,
+              fi_addr_t peer, Fd oob, EndpointInfo info)
+      : Endpoint(fabric, cq), fab_(fabric), cq_(cq), ep_(ep), av_(av), fcq_(fcq), fcq_fd_(fcq_fd),
+        peer_(peer), oob_(std::move(oob)), info_(std::move(info)) {
+    cq_->Watch(oob_.get());
+    if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+    cq_->Attach(this);
   }
 
   ~OfiEndpoint() override {
     Close();
-    cq_->Detach(this, oob_.get());
+    cq_->Detach(this);
+  }
+
+  // This endpoint's fi CQ, while open (domain lock or CQ list lock held).
+  fid_cq* cq_fid() const { return fcq_; }
+
+  // Reads this endpoint's completions and retries what met EAGAIN.
+  size_t ProgressLocked(std::vector<Completion>* out, std::vector<std::vector<uint8_t>>* control)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    if (fcq_ == nullptr) return 0;
+    std::vector<std::pair<Request*, absl::Status>> entries;
+    size_t n = DrainCq(fcq_, &entries);
+    for (auto& [r, st] : entries) CompleteLocked(r, std::move(st), r->len, out, control);
+    if (peer_closed_ && user_received_ >= fin_count_) cq_->Wake();  // CheckPeer finishes it
+    RetryLocked(out);
+    return n;
   }
 
   // Posts the control receives; called once after construction.
@@ -602,6 +675,10 @@ class OfiEndpoint final : public Endpoint {
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
     auto* r = NewRequest(OpType::kSend, context, len);
     void* desc = Desc(mr, buf, len);
+    {
+      MutexLock lock(&fab_->dom_mu());
+      ++user_sent_;
+    }
     // By value: an operation that meets EAGAIN is posted again later.
     return Submit(r, [=, this](Request* req) {
       return fi_tsend(ep_, buf, len, desc, peer_, kUserTag, &req->fi_ctx);
@@ -654,8 +731,42 @@ class OfiEndpoint final : public Endpoint {
   }
 
   void Close() override {
+    SendFin();
     absl::Status why = MakeError(absl::StatusCode::kCancelled, ECANCELED, "the endpoint was closed");
     Shutdown(why, /*closed=*/true);
+  }
+
+  // Tells the peer how many user messages we sent, so that it delivers all of
+  // them before it treats the connection as closed (like SDP's DisconnReq).
+  // Waits up to one second for the FIN to leave.
+  void SendFin() {
+    std::vector<Completion> out;
+    {
+      MutexLock lock(&fab_->dom_mu());
+      if (dead_ || ep_ == nullptr) return;
+      auto* r = NewRequest(OpType::kSend, 0, 9);
+      r->control = true;
+      r->owned.resize(9);
+      r->owned[0] = kFinMarker;
+      std::memcpy(r->owned.data() + 1, &user_sent_, 8);
+      outstanding_.insert(r);
+      int rc;
+      const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
+      while ((rc = fi_tsend(ep_, r->owned.data(), r->owned.size(), nullptr, peer_, kControlTag,
+                            &r->fi_ctx)) == -FI_EAGAIN &&
+             absl::GetCurrentTimeNanos() < deadline) {
+        ProgressLocked(&out, nullptr);
+      }
+      if (rc != 0) {
+        outstanding_.erase(r);
+        delete r;
+      } else {
+        while (outstanding_.contains(r) && absl::GetCurrentTimeNanos() < deadline) {
+          ProgressLocked(&out, nullptr);
+        }
+      }
+    }
+    for (auto& c : out) cq_->Push(std::move(c));
   }
 
   // Called by OfiCq::Progress with the domain lock held.
@@ -664,7 +775,12 @@ class OfiEndpoint final : public Endpoint {
     outstanding_.erase(r);
     if (r->control) {
       if (r->op == OpType::kRecv && st.ok() && !dead_) {
-        control->emplace_back(r->owned.begin(), r->owned.begin() + len);
+        if (len == 9 && r->owned[0] == kFinMarker) {
+          fin_ = true;
+          std::memcpy(&fin_count_, r->owned.data() + 1, 8);
+        } else if (control != nullptr) {
+          control->emplace_back(r->owned.begin(), r->owned.begin() + len);
+        }
         // Reuse the buffer for the next control message.
         r->fi_ctx = {};
         outstanding_.insert(r);
@@ -683,6 +799,10 @@ class OfiEndpoint final : public Endpoint {
     c.context = r->context;
     c.op = r->op;
     c.endpoint = this;
+    if (r->op == OpType::kRecv &&
+        (st.ok() || st.code() == absl::StatusCode::kOutOfRange)) {
+      ++user_received_;  // a message was consumed, truncated or not
+    }
     c.status = std::move(st);
     c.length = c.status.ok() ? (r->op == OpType::kRecv ? len : r->len) : 0;
     if (c.status.ok() && r->user_result != nullptr) *r->user_result = r->result;
@@ -695,6 +815,15 @@ class OfiEndpoint final : public Endpoint {
     char c;
     ssize_t n = ::recv(oob_.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     bool gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (gone) {
+      MutexLock lock(&fab_->dom_mu());
+      // A peer that closed gracefully told us how much it sent: deliver all
+      // of it first (receives posted later still match it).
+      if (fin_ && user_received_ < fin_count_ && !dead_) {
+        peer_closed_ = true;
+        return false;
+      }
+    }
     if (gone) {
       Shutdown(MakeError(absl::StatusCode::kAborted, ECONNRESET,
                          absl::StrCat("the ofi peer ", info_.peer_address,
@@ -813,8 +942,25 @@ class OfiEndpoint final : public Endpoint {
     return Submit(r, [=, this](Request* req) {
       return op == OpType::kRead
                  ? fi_read(ep_, local, len, desc, peer_, addr, key, &req->fi_ctx)
-                 : fi_write(ep_, local, len, desc, peer_, addr, key, &req->fi_ctx);
+                 : WriteDelivered(local, len, desc, addr, key, req);
     });
+  }
+
+  // RMA write completing only once the target has accepted it, so a write
+  // through a bad key reports the target's refusal (as an RC QP would)
+  // instead of completing locally.
+  int WriteDelivered(void* local, size_t len, void* desc, uint64_t addr, uint64_t key, Request* req) {
+    iovec iov{local, len};
+    fi_rma_iov rma{addr, len, key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = peer_;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = &req->fi_ctx;
+    return static_cast<int>(fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE));
   }
 
   absl::Status Atomic(OpType op, uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
@@ -882,18 +1028,19 @@ class OfiEndpoint final : public Endpoint {
         fi_close(&ep_->fid);
         ep_ = nullptr;
       }
-      // Completions already in the CQ may name our requests: take them now,
-      // so that nothing refers to a request once it is freed below.
-      std::vector<std::pair<Request*, absl::Status>> drained = std::move(deferred_);
-      deferred_.clear();
-      cq_->DrainLocked(&drained);
-      for (auto& [r, st] : drained) {
-        if (r->ep == this) {
+      // Completions already in our CQ name our requests: take them now, so
+      // nothing refers to a request once it is freed below; then the CQ goes.
+      if (fcq_) {
+        std::vector<std::pair<Request*, absl::Status>> drained;
+        DrainCq(fcq_, &drained);
+        for (auto& [r, st] : drained) {
           // Finished before the close: report what really happened.
           if (outstanding_.contains(r)) CompleteLocked(r, std::move(st), r->len, &out, nullptr);
-        } else {
-          r->ep->deferred_.push_back({r, std::move(st)});  // another endpoint's: keep for it
         }
+        if (fcq_fd_ >= 0) cq_->Unwatch(fcq_fd_);
+        fi_close(&fcq_->fid);
+        fcq_ = nullptr;
+        fcq_fd_ = -1;
       }
       backlog_.clear();
       for (Request* r : std::vector<Request*>(outstanding_.begin(), outstanding_.end())) {
@@ -910,15 +1057,18 @@ class OfiEndpoint final : public Endpoint {
     if (fail_emulated) FailEmulated(why);
   }
 
- public:
-  // Completions of this endpoint read while another endpoint shut down.
-  std::vector<std::pair<Request*, absl::Status>> deferred_;
-
  private:
   OfiFabric* fab_;
   OfiCq* cq_;
   fid_ep* ep_;
   fid_av* av_;
+  fid_cq* fcq_;  // this endpoint's own fi CQ
+  int fcq_fd_;   // its wait fd, or -1
+  uint64_t user_sent_ = 0;      // user messages sent
+  uint64_t user_received_ = 0;  // user messages consumed by receives
+  bool fin_ = false;            // the peer announced its close
+  uint64_t fin_count_ = 0;      // ... after sending this many messages
+  bool peer_closed_ = false;    // its socket closed; delivering what it sent
   fi_addr_t peer_;
   Fd oob_;
   EndpointInfo info_;
@@ -931,65 +1081,6 @@ class OfiEndpoint final : public Endpoint {
   std::vector<std::shared_ptr<MemoryRegion>> pinned_;
 };
 
-// ------------------------------------------------------------ CQ methods
-
-OfiCq::~OfiCq() { fi_close(&cq_->fid); }
-
-absl::Status CqError(fid_cq* cq, fi_cq_err_entry* err) {
-  char buf[256] = {};
-  const char* text = fi_cq_strerror(cq, err->prov_errno, err->err_data, buf, sizeof(buf));
-  int e = err->err;
-  if (e == FI_ETRUNC) {
-    return MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
-                     absl::StrCat("a message of ", err->len + err->olen,
-                                  " bytes met a smaller receive and was discarded"),
-                     "post receive buffers as large as the largest message");
-  }
-  if (e == FI_ECANCELED) {
-    return MakeError(absl::StatusCode::kCancelled, ECANCELED, "the operation was cancelled");
-  }
-  return MakeError(absl::StatusCode::kAborted, e < 256 ? e : EIO,
-                   absl::StrCat("ofi operation failed: ", fi_strerror(e), " (provider: ",
-                                text ? text : "?", ")"),
-                   e == FI_EACCES || e == FI_EINVAL
-                       ? "the target refused the access: check the remote key, range and rights"
-                       : "the peer may have gone away; reconnect");
-}
-
-size_t OfiCq::DrainLocked(std::vector<std::pair<Request*, absl::Status>>* out) {
-  size_t n = 0;
-  for (;;) {
-    fi_cq_tagged_entry entries[16];
-    ssize_t got = fi_cq_read(cq_, entries, 16);
-    if (got > 0) {
-      for (ssize_t i = 0; i < got; ++i) {
-        auto* r = reinterpret_cast<Request*>(entries[i].op_context);
-        if (r == nullptr) continue;  // an event that is not one of our operations
-        r->len = (r->op == OpType::kRecv) ? entries[i].len : r->len;
-        out->push_back({r, absl::OkStatus()});
-      }
-      n += static_cast<size_t>(got);
-      continue;
-    }
-    if (got == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      if (fi_cq_readerr(cq_, &err, 0) > 0) {
-        absl::Status st = CqError(cq_, &err);
-        if (err.op_context == nullptr) {
-          // Not tied to an operation of ours (e.g. a failed connection
-          // inside the provider): report it, keep going.
-          ZS_LOG(kWarn, "ofi CQ error without an operation: %s", st.ToString());
-        } else {
-          out->push_back({reinterpret_cast<Request*>(err.op_context), std::move(st)});
-        }
-        ++n;
-        continue;
-      }
-    }
-    return n;
-  }
-}
-
 size_t OfiCq::Progress() {
   bool check = check_liveness_.exchange(false, std::memory_order_relaxed);
   int64_t now = absl::GetCurrentTimeNanos();
@@ -999,29 +1090,19 @@ size_t OfiCq::Progress() {
   }
   // Held throughout: an endpoint cannot leave (Detach) while progressed.
   MutexLock list_lock(&mu_);
-  const std::vector<OfiEndpoint*>& eps = endpoints_;
   if (check) {
-    for (OfiEndpoint* ep : eps) ep->CheckPeer();
+    for (OfiEndpoint* ep : endpoints_) ep->CheckPeer();
   }
   std::vector<Completion> out;
-  std::vector<std::vector<uint8_t>> control;
   std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
   size_t n = 0;
   {
     MutexLock lock(&fabric_->dom_mu());
-    std::vector<std::pair<Request*, absl::Status>> entries;
-    for (OfiEndpoint* ep : eps) {
-      for (auto& e : ep->deferred_) entries.push_back(std::move(e));
-      ep->deferred_.clear();
+    for (OfiEndpoint* ep : endpoints_) {
+      std::vector<std::vector<uint8_t>> control;
+      n += ep->ProgressLocked(&out, &control);
+      for (auto& m : control) deliveries.emplace_back(ep, std::move(m));
     }
-    n = DrainLocked(&entries);
-    for (auto& [r, st] : entries) {
-      OfiEndpoint* ep = r->ep;
-      size_t before = control.size();
-      ep->CompleteLocked(r, std::move(st), r->len, &out, &control);
-      for (size_t i = before; i < control.size(); ++i) deliveries.emplace_back(ep, std::move(control[i]));
-    }
-    for (OfiEndpoint* ep : eps) ep->RetryLocked(&out);
   }
   for (auto& c : out) Push(std::move(c));
   for (auto& [ep, msg] : deliveries) ep->DeliverControl(msg);
@@ -1032,51 +1113,46 @@ bool OfiCq::ArmProvider() {
   if (timer_) {
     itimerspec ts{};
     ts.it_value.tv_nsec = 1000000;  // 1 ms
-    ::timerfd_settime(wait_.get(), 0, &ts, nullptr);
+    ::timerfd_settime(timer_.get(), 0, &ts, nullptr);
     return true;
   }
+  MutexLock list_lock(&mu_);
+  std::vector<fid*> fids;
+  for (OfiEndpoint* ep : endpoints_) {
+    if (fid_cq* cq = ep->cq_fid()) fids.push_back(&cq->fid);
+  }
+  if (fids.empty()) return true;
   MutexLock lock(&fabric_->dom_mu());
-  fid* fids[1] = {&cq_->fid};
-  return fi_trywait(fabric_->fabric(), fids, 1) == FI_SUCCESS;
+  return fi_trywait(fabric_->fabric(), fids.data(), static_cast<int>(fids.size())) == FI_SUCCESS;
 }
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> OfiFabric::CreateCq() {
+  Fd timer;
+  if (!caps_.wait_fd) timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll || (!caps_.wait_fd && !timer)) {
+    return ErrnoError(errno, "creating the ofi CQ wait set failed", "raise the fd limit (ulimit -n)");
+  }
+  auto cq = std::unique_ptr<OfiCq>(new OfiCq(this, std::move(timer), std::move(epoll)));
+  cq->WatchWake();
+  return std::unique_ptr<CompletionQueue>(std::move(cq));
+}
+
+// An endpoint's own fi CQ and the fd to wait on it (-1 without a wait object).
+absl::Status OpenEndpointCq(fid_domain* domain, bool wait_fd, fid_cq** cq, int* fd) {
   fi_cq_attr attr{};
   attr.format = FI_CQ_FORMAT_TAGGED;
   attr.size = 4096;
-  attr.wait_obj = caps_.wait_fd ? FI_WAIT_FD : FI_WAIT_NONE;
-  fid_cq* cq = nullptr;
-  int rc;
-  {
-    MutexLock lock(&dom_mu_);
-    rc = fi_cq_open(domain_, &attr, &cq, nullptr);
-  }
+  attr.wait_obj = wait_fd ? FI_WAIT_FD : FI_WAIT_NONE;
+  int rc = fi_cq_open(domain, &attr, cq, nullptr);
   if (rc != 0) return FiError(rc, "fi_cq_open");
-  Fd wait;
-  bool timer = !caps_.wait_fd;
-  if (timer) {
-    wait.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
-  } else {
-    int fd = -1;
-    rc = fi_control(&cq->fid, FI_GETWAIT, &fd);
-    if (rc != 0) {
-      fi_close(&cq->fid);
-      return FiError(rc, "fi_control(FI_GETWAIT)");
-    }
-    wait.reset(::dup(fd));
+  *fd = -1;
+  if (wait_fd && (rc = fi_control(&(*cq)->fid, FI_GETWAIT, fd)) != 0) {
+    fi_close(&(*cq)->fid);
+    *cq = nullptr;
+    return FiError(rc, "fi_control(FI_GETWAIT)");
   }
-  Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
-  if (!wait || !epoll) {
-    fi_close(&cq->fid);
-    return ErrnoError(errno, "creating the ofi CQ wait set failed", "raise the fd limit (ulimit -n)");
-  }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = wait.get();
-  ::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wait.get(), &ev);
-  auto ocq = std::unique_ptr<OfiCq>(new OfiCq(this, cq, std::move(wait), timer, std::move(epoll)));
-  ocq->WatchWake();
-  return std::unique_ptr<CompletionQueue>(std::move(ocq));
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------ connections
@@ -1101,9 +1177,12 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   ::setsockopt(oob.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   fid_ep* ep = nullptr;
   fid_av* av = nullptr;
+  fid_cq* fcq = nullptr;
+  int fcq_fd = -1;
   auto fail = [&](absl::Status st) {
     if (ep) fi_close(&ep->fid);
     if (av) fi_close(&av->fid);
+    if (fcq) fi_close(&fcq->fid);
     return st;
   };
   OfiHello mine{};
@@ -1116,7 +1195,8 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
     av_attr.count = 1;
     if ((rc = fi_av_open(domain_, &av_attr, &av, nullptr)) != 0) return fail(FiError(rc, "fi_av_open"));
     if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0) return fail(FiError(rc, "fi_ep_bind(av)"));
-    if ((rc = fi_ep_bind(ep, &ocq->cq()->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    if (auto st = OpenEndpointCq(domain_, caps_.wait_fd, &fcq, &fcq_fd); !st.ok()) return fail(st);
+    if ((rc = fi_ep_bind(ep, &fcq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
       return fail(FiError(rc, "fi_ep_bind(cq)"));
     }
     if ((rc = fi_enable(ep)) != 0) return fail(FiError(rc, "fi_enable"));
@@ -1153,7 +1233,8 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   info.atomics = caps_.atomics;
   info.notes.push_back(absl::StrCat("ofi provider ", info_->fabric_attr->prov_name, ", domain ",
                                     info_->domain_attr->name));
-  auto endpoint = std::make_unique<OfiEndpoint>(this, ocq, ep, av, peer_addr, std::move(oob), std::move(info));
+  auto endpoint = std::make_unique<OfiEndpoint>(this, ocq, ep, av, fcq, fcq_fd, peer_addr,
+                                                std::move(oob), std::move(info));
   if (auto st = endpoint->Start(); !st.ok()) return st;
   return std::unique_ptr<Endpoint>(std::move(endpoint));
 }
