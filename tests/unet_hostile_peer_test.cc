@@ -63,6 +63,24 @@ int Memfd(size_t size) {
   return fd;
 }
 
+// Sends one message with fds attached (SCM_RIGHTS); the kernel adds our
+// credentials, since the server's socket has SO_PASSCRED.
+bool SendWithFds(int sock, const void* data, size_t len, const int* fds, size_t nfds) {
+  iovec iov{const_cast<void*>(data), len};
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+  return sendmsg(sock, &msg, 0) == static_cast<ssize_t>(len);
+}
+
 // Connects and sends our hello; the server's hello is read by Finish().
 bool Start(const std::string& address, FakePeer* p) {
   p->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -101,19 +119,7 @@ bool Start(const std::string& address, FakePeer* p) {
   Hello hello{kSegmentMagic, kVersion, kRing, kBufSize, kBuffers, 16, 0, l.total,
               reinterpret_cast<uint64_t>(&probe), probe};
   int fds[3] = {seg, efd, keys};
-  iovec iov{&hello, sizeof(hello)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(cm), fds, sizeof(fds));
-  bool ok = sendmsg(p->sock, &msg, 0) == sizeof(hello);  // kernel adds our credentials
+  bool ok = SendWithFds(p->sock, &hello, sizeof(hello), fds, 3);
   close(seg);
   close(keys);
   close(efd);
@@ -149,19 +155,7 @@ bool Finish(FakePeer* p) {
 void Announce(FakePeer* p, uint32_t id, uint64_t base, uint64_t size, size_t fd_size) {
   int fd = Memfd(fd_size);
   ShmAnnounce a{kShmAnnounce, id, base, size};
-  iovec iov{&a, sizeof(a)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  sendmsg(p->sock, &msg, 0);
+  SendWithFds(p->sock, &a, sizeof(a), &fd, 1);
   close(fd);
 }
 

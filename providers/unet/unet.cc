@@ -1199,28 +1199,30 @@ class UnetEndpoint final : public Endpoint {
     if (p_.pidfd) cq_->Unwatch(p_.pidfd.get());
   }
 
-  // Fails every queued operation with `why`.
-  void FlushLocked(const absl::Status& why, std::vector<Completion>* out)
+  Completion Failed(uint64_t context, OpType op, const absl::Status& why) {
+    Completion c;
+    c.context = context;
+    c.op = op;
+    c.endpoint = this;
+    c.status = why;
+    return c;
+  }
+
+  // Fails queued sends (user ones report; control ones are core's).
+  void FailSendsLocked(const absl::Status& why, std::vector<Completion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto& ps : sendq_) {
-      if (ps.type != kUserMsg) continue;
-      Completion c;
-      c.context = ps.context;
-      c.op = OpType::kSend;
-      c.endpoint = this;
-      c.status = why;
-      out->push_back(std::move(c));
+      if (ps.type == kUserMsg) out->push_back(Failed(ps.context, OpType::kSend, why));
     }
     sendq_.clear();
     ctlq_.clear();
-    for (auto& r : posted_) {
-      Completion c;
-      c.context = r.context;
-      c.op = OpType::kRecv;
-      c.endpoint = this;
-      c.status = why;
-      out->push_back(std::move(c));
-    }
+  }
+
+  // Fails every queued operation with `why`.
+  void FlushLocked(const absl::Status& why, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    FailSendsLocked(why, out);
+    for (auto& r : posted_) out->push_back(Failed(r.context, OpType::kRecv, why));
     posted_.clear();
   }
 
@@ -1434,17 +1436,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
       // Queued sends and emulated operations can never finish.
       if (!dead_sends_failed_) {
         dead_sends_failed_ = true;
-        for (auto& ps : sendq_) {
-          if (ps.type != kUserMsg) continue;
-          Completion c;
-          c.context = ps.context;
-          c.op = OpType::kSend;
-          c.endpoint = this;
-          c.status = dead_status_;
-          done.push_back(std::move(c));
-        }
-        sendq_.clear();
-        ctlq_.clear();
+        FailSendsLocked(dead_status_, &done);
         emulated_failure = dead_status_;
       }
       // Receives fail once everything the peer sent has been consumed.
