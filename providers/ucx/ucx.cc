@@ -821,10 +821,15 @@ class Worker {
   ~Worker() {
     {
       absl::MutexLock lock(&mu);
-      // Control receives UCX has matched but not finished.
+      // Requests UCX has not finished yet (matched control receives, ...).
       for (int i = 0; i < 1000 && !busy_.empty(); ++i) ucp_worker_progress(worker_);
     }
     ucp_worker_destroy(worker_);
+    // What UCX never completed (docs/ucx.md: requests stuck after some peer
+    // deaths) can no longer call back.
+    absl::MutexLock lock(&mu);
+    for (Op* op : busy_) delete op;
+    busy_.clear();
     ForkGuard::Get().Remove();
   }
 
@@ -930,7 +935,10 @@ class Worker {
   bool control_backlog_ ABSL_GUARDED_BY(mu) = false;
   size_t last_progress_ ABSL_GUARDED_BY(mu) = 1;  // events the last progress handled
   std::vector<std::pair<std::shared_ptr<EpCore>, ucs_status_t>> failed_ ABSL_GUARDED_BY(mu);
-  std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);  // ops without an endpoint
+  // Operations whose UCX request is outstanding but that no endpoint queue
+  // holds: control receives, discards, and operations already reported
+  // failed (a dead or closed endpoint) that UCX has not finished.
+  std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);
 };
 
 // The completion queue: an epoll set (its wait_fd) holding the workers'
@@ -1053,7 +1061,6 @@ struct EpCore {
   std::deque<Op*> sends;       // user sends, in posting order
   std::deque<Op*> recvs;       // user receives, in posting order
   std::unordered_set<Op*> others;   // control sends and native operations
-  std::unordered_set<Op*> orphans;  // reported, still owned by UCX
   std::deque<std::shared_ptr<ControlIn>> control;
   // Native RMA: the peer's key table, mapped through ucp_rkey_ptr.
   bool native = false;
@@ -1107,7 +1114,7 @@ void FlushLocked(EpCore* c, std::deque<Op*>* q) {
     q->pop_front();
     ReportLocked(c, op);
     if (op->ucx_busy) {
-      c->orphans.insert(op);
+      c->worker->Track(op);  // reported; UCX still owns the request
     } else {
       delete op;
     }
@@ -1136,7 +1143,7 @@ void FailRemainingLocked(EpCore* c, const absl::Status& why) {
     }
     ReportLocked(c, op);
     c->others.erase(op);
-    c->orphans.insert(op);
+    c->worker->Track(op);
   }
 }
 
@@ -1286,14 +1293,13 @@ void Worker::DiscardMessagesLocked(uint64_t tag) {
   }
 }
 
-// Finishes an operation UCX completed (callbacks and immediate completions).
 // Finishes an operation UCX completed (op->completed), after its
 // ucp_*_nbx call returned.
 void SettleLocked(Op* op) {
   EpCore* c = op->core.get();
   const ucs_status_t st = op->ucx_status;
   if (op->reported) {  // an orphan: its completion went out already
-    if (c != nullptr) c->orphans.erase(op);
+    if (c != nullptr) c->worker->Untrack(op);
     delete op;
     return;
   }
@@ -1703,8 +1709,9 @@ class UcxEndpoint final : public Endpoint {
       delete op;
       return UcsError(st, "posting a ucx receive failed");
     }
-    if (op->completed) SettleLocked(op);
-    if (c->dead && !op->done) {
+    if (op->completed) {
+      SettleLocked(op);  // may report and free `op`
+    } else if (c->dead) {
       // Matched a message from a dead peer that can no longer finish.
       CancelRecvsLocked(w, c);
       FailRemainingLocked(c, c->dead_status);
