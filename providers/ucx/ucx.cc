@@ -1196,49 +1196,49 @@ size_t Worker::ProgressLocked() {
   return n;
 }
 
+// Receives the control messages waiting for each endpoint. Probing each
+// endpoint's exact tag keeps this cheap: UCX finds fully masked tags by
+// hash, while a wildcard probe scans every unexpected message (user
+// messages nobody has posted a receive for yet included).
 size_t Worker::DrainControlLocked() {
   size_t n = 0;
   control_backlog_ = false;
-  for (;; ++n) {
-    if (n == 256) {
-      control_backlog_ = true;
-      break;
+  for (auto& [id, core] : eps) {
+    if (core->closed) continue;
+    for (int i = 0;; ++i) {
+      if (i == 64) {
+        control_backlog_ = true;  // more next time; Arm reports pending
+        break;
+      }
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h msg =
+          ucp_tag_probe_nb(worker_, core->RecvTag(true), kFullMask, 1, &info);
+      if (msg == nullptr) break;
+      ++n;
+      auto in = std::make_shared<ControlIn>();
+      in->data.resize(info.length);
+      auto* op = new Op{Op::Kind::kControlRecv};
+      op->core = core;
+      op->worker = this;
+      op->control_in = in;
+      ucp_request_param_t p{};
+      p.op_attr_mask =
+          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+      p.cb.recv = OnRecv;
+      p.user_data = op;
+      p.recv_info.tag_info = &op->info;
+      core->control.push_back(in);
+      Track(op);
+      ucs_status_t st = Submit(op, [&] {
+        return ucp_tag_msg_recv_nbx(worker_, in->data.data(), in->data.size(), msg, &p);
+      });
+      if (st != UCS_OK) {
+        op->completed = true;
+        op->ucx_status = st;
+      }
+      if (op->completed) SettleLocked(op);
     }
-    ucp_tag_recv_info_t info{};
-    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 1, 1, 1, &info);
-    if (msg == nullptr) break;
-    uint32_t id = static_cast<uint32_t>(info.sender_tag >> 32);
-    uint32_t secret = static_cast<uint32_t>(info.sender_tag >> 1) & 0x7fffffffu;
-    std::shared_ptr<EpCore> core;
-    if (auto it = eps.find(id); it != eps.end() && (it->second->local_secret & 0x7fffffffu) ==
-                                                       secret) {
-      core = it->second;
-    } else {
-      ZS_LOG(kDebug, "discarding a ucx control message for unknown endpoint %u", id);
-    }
-    auto in = std::make_shared<ControlIn>();
-    in->data.resize(info.length);
-    auto* op = new Op{Op::Kind::kControlRecv};
-    op->core = core;
-    op->worker = this;
-    op->control_in = in;
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
-    p.cb.recv = OnRecv;
-    p.user_data = op;
-    p.recv_info.tag_info = &op->info;
-    if (core != nullptr && !core->closed) core->control.push_back(in);
-    Track(op);
-    ucs_status_t st = Submit(op, [&] {
-      return ucp_tag_msg_recv_nbx(worker_, in->data.data(), in->data.size(), msg, &p);
-    });
-    if (st != UCS_OK) {
-      op->completed = true;
-      op->ucx_status = st;
-    }
-    if (op->completed) SettleLocked(op);
-    if (core != nullptr && core->cq != nullptr && !core->cq->IsProgressingHere()) {
+    if (!core->control.empty() && core->cq != nullptr && !core->cq->IsProgressingHere()) {
       core->cq->Wake();
     }
   }
@@ -1635,6 +1635,7 @@ class UcxEndpoint final : public Endpoint {
     Worker* w = core_->worker;
     absl::MutexLock lock(&w->mu);
     w->DiscardMessagesLocked(core_->RecvTag(false));
+    w->DiscardMessagesLocked(core_->RecvTag(true));
     w->eps.erase(core_->local_id);
     core_->ep = nullptr;
   }
