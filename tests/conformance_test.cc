@@ -615,8 +615,11 @@ TEST_P(Conformance, RemoteKeyOutOfBoundsIsRefused) {
       {"valid read", [](Endpoint* ep, const RemoteKey& k, uint8_t* b) {
          return ep->Read(b, 4096, nullptr, k.addr, k, 7); }, false},
   };
+  // All children fork before any endpoint exists (the suite's fork rule),
+  // then connect in any order; each runs its own case.
+  std::vector<pid_t> children;
   for (const Case& c : cases) {
-    pid_t child = Spawn([&]() -> int {
+    children.push_back(Spawn([&]() -> int {
       ChildConn conn = ChildConnect();
       auto blob = RecvBlob(conn.ep.get());
       CHILD_OK(blob.status());
@@ -636,19 +639,31 @@ TEST_P(Conformance, RemoteKeyOutOfBoundsIsRefused) {
         for (size_t i = 0; i < 4096; ++i) CHILD_CHECK(buf[i] == 0x5a);
       }
       return 0;
-    });
-    auto ep = AcceptOne();
-    ASSERT_NE(ep, nullptr) << c.name;
-    ASSERT_TRUE(SendBlob(ep.get(), key_bytes).ok()) << c.name;
-    // The target keeps progressing (emulated accesses are served by it)
-    // until the child is done.
-    int status = 0;
-    absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (waitpid(child, &status, WNOHANG) != child && absl::Now() < deadline) {
-      Completion comp;
-      cq_->Wait(std::span<Completion>(&comp, 1), absl::Milliseconds(10)).IgnoreError();
+    }));
+  }
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    eps.push_back(AcceptOne());
+    ASSERT_NE(eps.back(), nullptr);
+    ASSERT_TRUE(SendBlob(eps.back().get(), key_bytes).ok());
+  }
+  // The target keeps progressing (emulated accesses are served by it) until
+  // every child is done.
+  std::map<pid_t, int> exits;
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (exits.size() < children.size() && absl::Now() < deadline) {
+    Completion comp;
+    cq_->Wait(std::span<Completion>(&comp, 1), absl::Milliseconds(10)).IgnoreError();
+    for (pid_t pid : children) {
+      int status = 0;
+      if (!exits.contains(pid) && waitpid(pid, &status, WNOHANG) == pid) exits[pid] = status;
     }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << c.name << ": status " << status;
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    auto it = exits.find(children[i]);
+    ASSERT_NE(it, exits.end()) << cases[i].name << ": the child did not finish";
+    EXPECT_TRUE(WIFEXITED(it->second) && WEXITSTATUS(it->second) == 0)
+        << cases[i].name << ": status " << it->second;
   }
   for (size_t i = 0; i < memory.size(); ++i) ASSERT_EQ(memory[i], 0x5a) << "byte " << i;
 }
