@@ -1,0 +1,2595 @@
+// ucx: the zsock provider over UCX 1.13 at the UCP level (docs/ucx.md).
+//
+// One UCP context + worker per fabric ("ucx:tcp", "ucx:posix,cma",
+// "ucx:all"; the spec is UCX_TLS of that context). The worker is created at
+// the first connection, not at Open, so that processes forked before any
+// endpoint exists start with clean UCX state (UCX's async thread does not
+// survive fork; see ForkGuard).
+//
+// Connections: a plain TCP socket per connection carries the handshake
+// (worker addresses, endpoint ids, the probe for shared memory) and then
+// stays open as the liveness signal; endpoints are ucp_ep_create'd from the
+// exchanged worker addresses with peer-failure error handling. (UCP's own
+// sockaddr listener cannot be used: its connection manager runs on UCX's
+// async thread, so it hangs in forked children, and in UCX 1.13 it cannot
+// connect shared-memory-only contexts at all.) When shared memory cannot
+// reach a peer (another user, ptrace policy, another host) the endpoint
+// falls back to a second, tcp-only context and says so in its notes.
+//
+// Two-sided messages: ucp_tag_send_nbx / ucp_tag_recv_nbx with a tag naming
+// the receiving endpoint (id + secret exchanged at connect; tag matching is
+// per worker). Control messages use the same ids with the control bit and
+// are probed by every progress call, so a user message waiting for a
+// receive never blocks them. Completions are reported in posting order.
+//
+// One-sided operations: on ordinary memory UCX 1.13 has no transport RMA on
+// these transports, only its software emulation, which writes wherever the
+// peer says without any key check; zsock uses core emulation there (the
+// target checks every access against its registration table). On memory
+// from AllocateRegistered (posix shared memory) RMA and atomics are native
+// UCP operations, checked first against the target's key table, which the
+// initiator maps through ucp_rkey_ptr (the unet pin protocol).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <random>
+#include <source_location>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "core/log.h"
+#include "core/mutex.h"
+#include "core/provider.h"
+#include "core/status.h"
+#include "providers/ucx/options.h"
+
+namespace zsock::ucx {
+namespace {
+
+constexpr size_t kMaxMessage = size_t{1} << 30;
+constexpr uint32_t kHelloMagic = 0x5843555a;  // "ZUCX"
+constexpr uint16_t kWireVersion = 1;
+constexpr size_t kMaxWireField = 64 * 1024;
+
+// ---------------------------------------------------------------- helpers
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    reset(o.release());
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Text a UCX print function writes, as a string.
+template <typename Fn>
+std::string Printed(Fn fn) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (f == nullptr) return {};
+  fn(f);
+  std::fclose(f);
+  std::string out(buf, len);
+  std::free(buf);
+  return out;
+}
+
+// A UCX status as a zsock error.
+absl::Status UcsError(ucs_status_t st, absl::string_view what, absl::string_view fix = {},
+                      std::source_location loc = std::source_location::current()) {
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  int err = EIO;
+  switch (st) {
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      code = absl::StatusCode::kOutOfRange;
+      err = EMSGSIZE;
+      break;
+    case UCS_ERR_CANCELED:
+      code = absl::StatusCode::kCancelled;
+      err = ECANCELED;
+      break;
+    case UCS_ERR_NO_MEMORY:
+      code = absl::StatusCode::kResourceExhausted;
+      err = ENOMEM;
+      break;
+    case UCS_ERR_NO_RESOURCE:
+      code = absl::StatusCode::kUnavailable;
+      err = EAGAIN;
+      break;
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_UNREACHABLE:
+      code = absl::StatusCode::kUnavailable;
+      err = st == UCS_ERR_NO_DEVICE ? ENODEV : EHOSTUNREACH;
+      break;
+    case UCS_ERR_SHMEM_SEGMENT:
+      code = absl::StatusCode::kPermissionDenied;
+      err = EACCES;
+      break;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+      code = absl::StatusCode::kAborted;
+      err = ECONNRESET;
+      break;
+    case UCS_ERR_TIMED_OUT:
+      code = absl::StatusCode::kDeadlineExceeded;
+      err = ETIMEDOUT;
+      break;
+    case UCS_ERR_INVALID_PARAM:
+      code = absl::StatusCode::kInvalidArgument;
+      err = EINVAL;
+      break;
+    case UCS_ERR_UNSUPPORTED:
+      code = absl::StatusCode::kUnimplemented;
+      err = EOPNOTSUPP;
+      break;
+    default:
+      break;
+  }
+  return MakeError(code, err, absl::StrCat(what, " (UCX: ", ucs_status_string(st), ")"), fix,
+                   loc);
+}
+
+std::string FormatAddress(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    return absl::StrCat(host, ":", ntohs(in->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
+std::string SocketAddress(int fd, bool peer) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+                : ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  return rc == 0 ? FormatAddress(ss) : std::string("?");
+}
+
+// Parses "IP:PORT", "[IPv6]:PORT" or "host:PORT".
+absl::StatusOr<sockaddr_storage> ParseAddress(absl::string_view address, socklen_t* len) {
+  std::string host, port;
+  if (absl::StartsWith(address, "[")) {
+    size_t close = address.find("]:");
+    if (close == absl::string_view::npos) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       absl::StrCat("ucx address '", address, "' is not [IPv6]:PORT"),
+                       "write e.g. [::1]:5000");
+    }
+    host = std::string(address.substr(1, close - 1));
+    port = std::string(address.substr(close + 2));
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == absl::string_view::npos || colon == 0) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       absl::StrCat("ucx address '", address, "' is not IP:PORT"),
+                       "write e.g. 127.0.0.1:5000 (or \"\" to listen on a free loopback port)");
+    }
+    host = std::string(address.substr(0, colon));
+    port = std::string(address.substr(colon + 1));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     absl::StrCat("cannot resolve ucx address '", address, "': ", gai_strerror(rc)),
+                     "use a numeric IP address and port, e.g. 127.0.0.1:5000");
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return ss;
+}
+
+// Blocking-with-deadline I/O on a non-blocking socket.
+absl::Status WaitFd(int fd, short events, absl::Time deadline, const char* what) {
+  for (;;) {
+    int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                       absl::StrCat("the ucx peer did not ", what, " in time"),
+                       "check that the peer is a zsock ucx endpoint and is not stuck");
+    }
+    pollfd pfd{fd, events, 0};
+    int rc = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    if (rc < 0 && errno != EINTR) return ErrnoError(errno, "poll during the ucx handshake failed");
+    if (rc > 0) return absl::OkStatus();
+  }
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t len, absl::Time deadline) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (auto st = WaitFd(fd, POLLOUT, deadline, "accept handshake data"); !st.ok()) return st;
+      continue;
+    }
+    return ErrnoError(errno, "sending the ucx handshake failed",
+                      "the peer closed the connection during the handshake; check its log");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAll(int fd, void* data, size_t len, absl::Time deadline) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, 0);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
+                       "the ucx peer closed the connection during the handshake",
+                       "check the peer's log: it may have rejected the connection (e.g. "
+                       "shared memory impossible and fallback=none)");
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (auto st = WaitFd(fd, POLLIN, deadline, "send its handshake"); !st.ok()) return st;
+      continue;
+    }
+    return ErrnoError(errno, "receiving the ucx handshake failed");
+  }
+  return absl::OkStatus();
+}
+
+// Handshake frames: u32 type | u32 length | payload.
+enum FrameType : uint32_t { kHelloFrame = 1, kVerdictFrame = 2, kFallbackFrame = 3 };
+
+absl::Status SendFrame(int fd, FrameType type, absl::string_view payload, absl::Time deadline) {
+  uint32_t head[2] = {type, static_cast<uint32_t>(payload.size())};
+  std::string buf(reinterpret_cast<const char*>(head), sizeof(head));
+  buf.append(payload.data(), payload.size());
+  return WriteAll(fd, buf.data(), buf.size(), deadline);
+}
+
+absl::StatusOr<std::string> RecvFrame(int fd, FrameType type, absl::Time deadline) {
+  uint32_t head[2];
+  if (auto st = ReadAll(fd, head, sizeof(head), deadline); !st.ok()) return st;
+  if (head[0] != type || head[1] > kMaxWireField) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                     absl::StrCat("malformed ucx handshake frame (type ", head[0], ", ", head[1],
+                                  " bytes; expected type ", static_cast<uint32_t>(type), ")"),
+                     "the peer is not a compatible zsock ucx endpoint");
+  }
+  std::string payload(head[1], '\0');
+  if (auto st = ReadAll(fd, payload.data(), payload.size(), deadline); !st.ok()) return st;
+  return payload;
+}
+
+// The fixed part of the hello, little-endian; followed by the worker
+// address, the key table's packed rkey and the transports string.
+struct HelloFixed {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t flags;
+  uint32_t pid;
+  uint32_t uid;
+  uint32_t ep_id;
+  uint32_t secret;
+  uint64_t probe_nonce;
+  int32_t probe_fd;
+  uint32_t table_slots;
+  uint64_t table_addr;
+  uint8_t boot_id[16];
+  uint32_t address_len;
+  uint32_t table_rkey_len;
+  uint32_t tls_len;
+  uint32_t reserved;
+};
+static_assert(sizeof(HelloFixed) == 80);
+constexpr uint16_t kHelloFallbackTcp = 1;   // sender accepts a tcp fallback
+constexpr uint16_t kHelloNativeTable = 2;   // key table in shared memory
+
+struct Hello {
+  HelloFixed fixed{};
+  std::string address;
+  std::string table_rkey;
+  std::string tls;
+
+  std::string Encode() const {
+    HelloFixed f = fixed;
+    f.address_len = static_cast<uint32_t>(address.size());
+    f.table_rkey_len = static_cast<uint32_t>(table_rkey.size());
+    f.tls_len = static_cast<uint32_t>(tls.size());
+    std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
+    out += address;
+    out += table_rkey;
+    out += tls;
+    return out;
+  }
+
+  static absl::StatusOr<Hello> Decode(absl::string_view bytes) {
+    Hello h;
+    if (bytes.size() < sizeof(HelloFixed)) {
+      return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO, "truncated ucx hello",
+                       "the peer is not a compatible zsock ucx endpoint");
+    }
+    std::memcpy(&h.fixed, bytes.data(), sizeof(HelloFixed));
+    const HelloFixed& f = h.fixed;
+    if (f.magic != kHelloMagic || f.version != kWireVersion) {
+      return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                       absl::StrCat("ucx hello has magic 0x", absl::Hex(f.magic), " version ",
+                                    f.version, " (want version ", kWireVersion, ")"),
+                       "run the same zsock version on both sides");
+    }
+    uint64_t total = uint64_t{sizeof(HelloFixed)} + f.address_len + f.table_rkey_len + f.tls_len;
+    if (total != bytes.size() || f.address_len == 0 || f.table_rkey_len > 4096 ||
+        f.tls_len > 1024 || f.ep_id == 0) {
+      return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
+                       "ucx hello carries inconsistent lengths",
+                       "the peer is not a compatible zsock ucx endpoint");
+    }
+    size_t off = sizeof(HelloFixed);
+    h.address = std::string(bytes.substr(off, f.address_len));
+    off += f.address_len;
+    h.table_rkey = std::string(bytes.substr(off, f.table_rkey_len));
+    off += f.table_rkey_len;
+    h.tls = std::string(bytes.substr(off, f.tls_len));
+    return h;
+  }
+};
+
+// This boot's id (same on every process of this host).
+std::array<uint8_t, 16> BootId() {
+  std::array<uint8_t, 16> id{};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char text[64] = {};
+    if (std::fgets(text, sizeof(text), f) != nullptr) {
+      size_t n = 0;
+      for (const char* p = text; *p != '\0' && n < 32; ++p) {
+        int v = std::isdigit(static_cast<unsigned char>(*p)) ? *p - '0'
+                : (*p >= 'a' && *p <= 'f')                   ? *p - 'a' + 10
+                                                             : -1;
+        if (v < 0) continue;
+        id[n / 2] = static_cast<uint8_t>(id[n / 2] | (n % 2 == 0 ? v << 4 : v));
+        ++n;
+      }
+    }
+    std::fclose(f);
+  }
+  return id;
+}
+
+uint64_t RandomU64() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
+// A tiny memfd holding a random word, kept open for the life of the
+// process. A peer that can open /proc/<our pid>/fd/<fd> (what UCX's posix
+// transport does to attach our segments) and read the word can share
+// memory with us; EACCES there means another user or ptrace policy.
+struct ShmProbe {
+  int fd = -1;
+  uint64_t nonce = 0;
+};
+
+const ShmProbe& Probe() {
+  static const ShmProbe probe = [] {
+    ShmProbe p;
+    p.nonce = RandomU64() | 1;
+    int fd = static_cast<int>(::syscall(SYS_memfd_create, "zsock-ucx-probe", MFD_CLOEXEC));
+    if (fd >= 0 && ::pwrite(fd, &p.nonce, sizeof(p.nonce), 0) == sizeof(p.nonce)) {
+      p.fd = fd;
+    } else if (fd >= 0) {
+      ::close(fd);
+    }
+    return p;
+  }();
+  return probe;
+}
+
+// Whether we can attach shared memory of process `pid` the way UCX's posix
+// transport does. OK, or why not (with what to do).
+absl::Status ProbeSharedMemory(uint32_t pid, int32_t fd, uint64_t nonce) {
+  if (fd < 0) {
+    return MakeError(absl::StatusCode::kUnavailable, ENOENT,
+                     "the peer has no shared-memory probe", "");
+  }
+  std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
+  int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f < 0) {
+    int err = errno;
+    int scope = -1;
+    if (FILE* y = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
+      if (std::fscanf(y, "%d", &scope) != 1) scope = -1;
+      std::fclose(y);
+    }
+    return MakeError(
+        absl::StatusCode::kPermissionDenied, err,
+        absl::StrCat("shared memory with pid ", pid, " is not possible: opening ", path,
+                     " (how UCX's posix transport attaches a peer's segments; the same "
+                     "ptrace permission check as cross-memory attach) failed",
+                     scope >= 0 ? absl::StrCat(" with kernel.yama.ptrace_scope=", scope) : ""),
+        absl::StrCat("run both processes as the same user (or give this one CAP_SYS_PTRACE)",
+                     scope > 0 ? " and set kernel.yama.ptrace_scope=0" : "",
+                     "; or accept the tcp fallback (fallback=tcp, the default)"));
+  }
+  uint64_t seen = 0;
+  ssize_t n = ::pread(f, &seen, sizeof(seen), 0);
+  ::close(f);
+  if (n != sizeof(seen) || seen != nonce) {
+    return MakeError(absl::StatusCode::kUnavailable, ESRCH,
+                     absl::StrCat("pid ", pid, " of the peer is not visible here (another pid "
+                                  "namespace or host), so shared memory is not possible"),
+                     "run both processes in the same pid namespace for shared memory");
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- fork
+
+// UCX keeps its async thread (epoll set, handler table, use count) in
+// process globals. A child forked while a worker exists inherits them
+// without the thread: its connections would never progress and the parent
+// would spin on the child's fds. Workers exist only while endpoints do, so
+// the rule "fork before creating endpoints" keeps children clean; a child
+// forked too late is refused with this explanation instead of hanging.
+class ForkGuard {
+ public:
+  static ForkGuard& Get() {
+    static ForkGuard* g = new ForkGuard;
+    return *g;
+  }
+  absl::Status Check() {
+    MutexLock lock(&mu_);
+    if (live_ > 0 && pid_ != ::getpid()) {
+      return MakeError(
+          absl::StatusCode::kFailedPrecondition, 0,
+          absl::StrCat("this process was forked from pid ", pid_, " while it had ", live_,
+                       " UCX worker(s) with live endpoints; UCX's progress thread does not "
+                       "survive fork, so UCX cannot be used here"),
+          "fork before creating ucx endpoints (opening a fabric, creating CQs and "
+          "listening are fine), or exec a new program in the child");
+    }
+    return absl::OkStatus();
+  }
+  void Add() {
+    MutexLock lock(&mu_);
+    if (live_ == 0) pid_ = ::getpid();
+    ++live_;
+  }
+  void Remove() {
+    MutexLock lock(&mu_);
+    if (pid_ == ::getpid() && live_ > 0) --live_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+  pid_t pid_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// ---------------------------------------------------------------- key table
+
+// One registration, as both the target and (through shared memory) its
+// peers see it. gen is odd while the registration is live; an initiator
+// doing a native access counts itself in `active` first (unet's protocol).
+struct alignas(64) KeySlot {
+  std::atomic<uint32_t> gen;
+  std::atomic<uint32_t> active;
+  uint32_t access;
+  uint16_t flags;     // kSlotNative
+  uint16_t rkey_len;  // packed UCP rkey of a native region
+  uint64_t addr;
+  uint64_t len;
+  uint8_t rkey[96];
+};
+static_assert(sizeof(KeySlot) == 128);
+constexpr uint16_t kSlotNative = 1;
+
+// The fabric's own record of a registration. The key table may be mapped by
+// peers (ucp_rkey_ptr on shared memory) and so written by them; decisions
+// about this process's memory (emulated accesses) use only this copy.
+struct PrivateSlot {
+  std::atomic<uint32_t> gen{0};     // odd while live
+  std::atomic<uint32_t> active{0};  // local emulated accesses in progress
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint32_t access = 0;
+};
+
+// RemoteKey blob: u8 version(1) | u8 flags (kSlotNative) | u16 0 | u32 slot | u32 gen.
+constexpr size_t kBlobSize = 12;
+
+struct BlobKey {
+  uint8_t flags = 0;
+  uint32_t slot = 0;
+  uint32_t gen = 0;
+};
+
+bool DecodeBlob(const RemoteKey& key, BlobKey* out) {
+  if (key.blob.size() != kBlobSize || key.blob[0] != 1) return false;
+  out->flags = key.blob[1];
+  std::memcpy(&out->slot, key.blob.data() + 4, 4);
+  std::memcpy(&out->gen, key.blob.data() + 8, 4);
+  return true;
+}
+
+absl::Status KeyError(const char* why, uint64_t addr, size_t len) {
+  return MakeError(absl::StatusCode::kPermissionDenied, EACCES,
+                   absl::StrCat("remote access to [0x", absl::Hex(addr), ", +", len,
+                                ") refused: ", why),
+                   "use a key from a live registration and stay inside its range "
+                   "with the access it grants");
+}
+
+// Checks (addr, len, access) against the registration's own record. On
+// success the caller is counted in slot->active and must Unpin.
+absl::Status PinKey(KeySlot* table, size_t slots, const BlobKey& key, uint64_t addr,
+                    size_t len, uint32_t access, KeySlot** pinned) {
+  if (key.slot >= slots || (key.gen & 1) == 0) return KeyError("the key is malformed", addr, len);
+  KeySlot* e = &table[key.slot];
+  e->active.fetch_add(1, std::memory_order_seq_cst);
+  if (e->gen.load(std::memory_order_seq_cst) != key.gen) {
+    e->active.fetch_sub(1, std::memory_order_seq_cst);
+    return KeyError("the registration was released or revoked (stale key)", addr, len);
+  }
+  uint64_t base = e->addr, size = e->len;
+  if (addr < base || len > size || addr - base > size - len) {
+    e->active.fetch_sub(1, std::memory_order_seq_cst);
+    return KeyError("the range lies outside the registered region", addr, len);
+  }
+  if ((e->access & access) != access) {
+    e->active.fetch_sub(1, std::memory_order_seq_cst);
+    return KeyError("the registration does not grant this access", addr, len);
+  }
+  *pinned = e;
+  return absl::OkStatus();
+}
+
+void Unpin(KeySlot* e) { e->active.fetch_sub(1, std::memory_order_seq_cst); }
+
+uint32_t AccessFor(OpType op) {
+  switch (op) {
+    case OpType::kRead: return kRemoteRead;
+    case OpType::kWrite: return kRemoteWrite;
+    default: return kRemoteAtomic;
+  }
+}
+
+// ---------------------------------------------------------------- UCX objects
+
+class UcxFabric;
+class UcxCq;
+class UcxEndpoint;
+struct EpCore;
+
+// A UCP context with zsock's fixed settings.
+class Context {
+ public:
+  static absl::StatusOr<std::unique_ptr<Context>> Create(const std::string& tls,
+                                                         const Settings& s, bool mm,
+                                                         bool rma) {
+    ucp_config_t* config = nullptr;
+    ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+    if (st != UCS_OK) {
+      return UcsError(st, "reading UCX's configuration failed",
+                      "check the UCX_* variables in the environment (ucx_info -cf)");
+    }
+    std::vector<std::pair<std::string, std::string>> mods = {{"TLS", tls},
+                                                             {"RCACHE_ENABLE", "n"}};
+    // UCX 1.13's shared-memory transports report no peer-failure handling
+    // unless asked to; without it UCP refuses them for endpoints that
+    // handle peer failure.
+    if (mm) mods.emplace_back("MM_ERROR_HANDLING", "y");
+    for (const auto& kv : s.ucx_options) mods.push_back(kv);
+    for (const auto& [k, v] : mods) {
+      st = ucp_config_modify(config, k.c_str(), v.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        return UcsError(st, absl::StrCat("UCX rejected ", k, "=", v),
+                        "ucx_info -cf shows the accepted values");
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    if (rma) params.features |= UCP_FEATURE_RMA | UCP_FEATURE_AMO64;
+    params.mt_workers_shared = 1;
+    ucp_context_h handle = nullptr;
+    st = ucp_init(&params, config, &handle);
+    ucp_config_release(config);
+    if (st != UCS_OK) {
+      return UcsError(st, absl::StrCat("UCX could not open transports '", tls, "'"),
+                      absl::StrCat("ucx_info -d lists what this host offers (",
+                                   absl::StrJoin(AvailableTransports(), ","),
+                                   "); posix needs a writable /dev/shm, cma needs ptrace "
+                                   "permission"));
+    }
+    auto ctx = std::unique_ptr<Context>(new Context(handle, rma));
+    // What UCX actually opened: "resource N : md M dev D flags -- tl/dev".
+    std::string info = Printed([handle](FILE* f) { ucp_context_print_info(handle, f); });
+    for (absl::string_view line : absl::StrSplit(info, '\n')) {
+      size_t p = line.find("-- ");
+      if (line.find("resource") == absl::string_view::npos || p == absl::string_view::npos) {
+        continue;
+      }
+      std::string res(absl::StripAsciiWhitespace(line.substr(p + 3)));
+      ctx->resources_.push_back(res);
+      std::string tl = res.substr(0, res.find('/'));
+      if (std::find(ctx->transports_.begin(), ctx->transports_.end(), tl) ==
+          ctx->transports_.end()) {
+        ctx->transports_.push_back(tl);
+      }
+    }
+    return ctx;
+  }
+  ~Context() { ucp_cleanup(handle_); }
+
+  ucp_context_h handle() const { return handle_; }
+  bool rma() const { return rma_; }
+  const std::vector<std::string>& resources() const { return resources_; }
+  const std::vector<std::string>& transports() const { return transports_; }
+
+ private:
+  Context(ucp_context_h h, bool rma) : handle_(h), rma_(rma) {}
+  ucp_context_h handle_;
+  bool rma_;
+  std::vector<std::string> resources_;   // "posix/memory", "tcp/lo", ...
+  std::vector<std::string> transports_;  // "posix", "cma", "tcp"
+};
+
+// A control message received for an endpoint, in arrival order.
+class Worker;
+
+struct ControlIn {
+  std::vector<uint8_t> data;
+  bool done = false;
+  bool ok = true;
+};
+
+// One UCX operation in flight. Callbacks run inside the ucp_* calls zsock
+// makes while holding the worker's mutex.
+struct Op {
+  enum class Kind { kUserSend, kUserRecv, kControlSend, kControlRecv, kNative, kDiscard };
+  Kind kind;
+  std::shared_ptr<EpCore> core;  // null for kDiscard and stray control messages
+  Worker* worker = nullptr;      // kControlRecv / kDiscard: tracked by this worker
+  OpType op = OpType::kSend;
+  uint64_t context = 0;
+  size_t length = 0;
+  void* request = nullptr;
+  bool ucx_busy = false;   // UCX still owns `request`
+  bool posting = false;    // inside the ucp_*_nbx call that started it
+  bool completed = false;  // UCX reported completion (ucx_status, info)
+  ucs_status_t ucx_status = UCS_OK;
+  bool done = false;
+  bool reported = false;  // completion delivered (maybe before UCX finished)
+  absl::Status status;
+  ucp_tag_recv_info_t info{};
+  std::vector<uint8_t> owned;  // control payload or discard buffer
+  std::shared_ptr<ControlIn> control_in;
+  KeySlot* pinned = nullptr;   // native: target's key slot while accessing
+  uint64_t* result = nullptr;  // native atomics: where the old value goes
+  uint64_t value = 0;          // native atomics: addend / compare value
+  uint64_t reply = 0;          // native atomics: swap value in, old value out
+};
+
+// Parsed from ucp_ep_print_info: "lane[1]:  0:posix/memory.0 md[0] -> ... amo#0 am".
+struct Lane {
+  std::string transport;  // "posix/memory", "tcp/lo"
+  std::vector<std::string> uses;
+};
+
+std::vector<Lane> ParseLanes(const std::string& text) {
+  std::vector<Lane> lanes;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.find("lane[") == absl::string_view::npos) continue;
+    std::vector<absl::string_view> tok = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    size_t i = 0;
+    while (i < tok.size() && !absl::StartsWith(tok[i], "lane[")) ++i;
+    if (i + 1 >= tok.size()) continue;
+    Lane lane;
+    absl::string_view t = tok[i + 1];
+    if (size_t c = t.find(':'); c != absl::string_view::npos) t = t.substr(c + 1);
+    if (size_t d = t.rfind('.'); d != absl::string_view::npos && t.find('/') < d) {
+      t = t.substr(0, d);
+    }
+    lane.transport = std::string(t);
+    size_t arrow = i + 2;
+    while (arrow < tok.size() && tok[arrow] != "->") ++arrow;
+    for (size_t k = arrow + 2; k < tok.size(); ++k) {
+      absl::string_view u = tok[k];
+      if (size_t h = u.find('#'); h != absl::string_view::npos) u = u.substr(0, h);
+      lane.uses.emplace_back(u);
+    }
+    lanes.push_back(std::move(lane));
+  }
+  return lanes;
+}
+
+uint64_t MakeTag(uint32_t id, uint32_t secret, bool control) {
+  return (uint64_t{id} << 32) | (uint64_t{secret & 0x7fffffffu} << 1) | (control ? 1u : 0u);
+}
+constexpr uint64_t kFullMask = ~uint64_t{0};
+
+// Runs the ucp_*_nbx call that starts `op`. UCX may complete the operation
+// at once (NULL), fail it at once (an error pointer: returned here, `op` is
+// untouched and still the caller's), or return a request whose callback
+// comes later -- or, with UCP_OP_ATTR_FLAG_NO_IMM_CMPL, already ran inside
+// the call (so the request is freed and must not be touched). Afterwards
+// either op->completed is set (the caller settles it) or UCX owns it.
+template <typename Call>
+ucs_status_t Submit(Op* op, Call call) {
+  op->posting = true;
+  void* req = call();
+  op->posting = false;
+  if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+  if (req == nullptr) {
+    op->completed = true;
+    op->ucx_status = UCS_OK;
+  } else if (!op->completed) {
+    op->request = req;
+    op->ucx_busy = true;
+  }
+  return UCS_OK;
+}
+
+struct Op;
+void SettleLocked(Op* op);
+void OnSend(void* request, ucs_status_t status, void* user_data);
+void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+            void* user_data);
+void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+// A UCP worker shared by every endpoint and CQ of a fabric (two, when a
+// tcp fallback is in use). Every ucp_* call on it is made under `mu`
+// (UCS_THREAD_MODE_SERIALIZED).
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(std::shared_ptr<Context> ctx,
+                                                        std::string name) {
+    if (auto st = ForkGuard::Get().Check(); !st.ok()) return st;
+    ucp_worker_params_t params{};
+    params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    ucp_worker_h handle = nullptr;
+    ucs_status_t st = ucp_worker_create(ctx->handle(), &params, &handle);
+    if (st != UCS_OK) {
+      return UcsError(st, "creating a UCX worker failed", "raise the fd limit (ulimit -n)");
+    }
+    int efd = -1;
+    st = ucp_worker_get_efd(handle, &efd);
+    if (st != UCS_OK) {
+      ucp_worker_destroy(handle);
+      return UcsError(st, "UCX gave no wakeup fd for its worker");
+    }
+    ForkGuard::Get().Add();
+    return std::unique_ptr<Worker>(new Worker(std::move(ctx), handle, efd, std::move(name)));
+  }
+
+  ~Worker() {
+    {
+      MutexLock lock(&mu);
+      // Requests UCX has not finished yet (matched control receives, ...).
+      for (int i = 0; i < 1000 && !busy_.empty(); ++i) ucp_worker_progress(worker_);
+    }
+    ucp_worker_destroy(worker_);
+    // What UCX never completed (docs/ucx.md: requests stuck after some peer
+    // deaths) can no longer call back.
+    MutexLock lock(&mu);
+    for (Op* op : busy_) delete op;
+    busy_.clear();
+    ForkGuard::Get().Remove();
+  }
+
+  ucp_worker_h handle() const { return worker_; }
+  int efd() const { return efd_; }
+  bool rma() const { return ctx_->rma(); }
+  const Context& context() const { return *ctx_; }
+  const std::string& name() const { return name_; }
+
+  absl::StatusOr<std::string> Address() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ucp_address_t* addr = nullptr;
+    size_t len = 0;
+    ucs_status_t st = ucp_worker_get_address(worker_, &addr, &len);
+    if (st != UCS_OK) return UcsError(st, "UCX gave no worker address");
+    std::string out(reinterpret_cast<const char*>(addr), len);
+    ucp_worker_release_address(worker_, addr);
+    return out;
+  }
+
+  absl::StatusOr<ucp_ep_h> CreateEp(const std::string& address, EpCore* core)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = OnEpError;
+    params.err_handler.arg = core;
+    ucp_ep_h ep = nullptr;
+    ucs_status_t st = ucp_ep_create(worker_, &params, &ep);
+    if (st != UCS_OK) {
+      return UcsError(st, absl::StrCat("UCX could not create an endpoint to the peer over '",
+                                       absl::StrJoin(ctx_->transports(), ","), "'"),
+                      "ucx_info -d shows the transports; the peer must share one with us");
+    }
+    return ep;
+  }
+
+  // Releases `ep` at once (outstanding operations fail with UCS_ERR_CANCELED).
+  void CloseEpLocked(ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &params);
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
+    absl::Time deadline = absl::Now() + absl::Seconds(2);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && absl::Now() < deadline) {
+      ucp_worker_progress(worker_);
+    }
+    if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+      ZS_LOG(kWarn, "UCX did not finish closing an endpoint within 2 s; leaving it");
+      return;
+    }
+    ucp_request_free(req);
+  }
+
+  // Drives UCX and receives control messages; handles endpoints UCX
+  // reported failed. Returns the events handled.
+  size_t ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  enum class Arm {
+    kArmed,     // asleep on the wakeup fd until an event
+    kPending,   // events are pending: progress now
+    kBusyIdle,  // UCX says busy but the last progress found nothing to do
+  };
+  // ucp_worker_arm. UCX reports "busy" while sends wait for space in a
+  // shared-memory FIFO (its mm transport has no send wakeup), and forever
+  // after some peer deaths (requests stuck in UCX 1.13, docs/ucx.md); when
+  // the last progress found nothing, the caller sleeps with a timer
+  // instead of spinning.
+  Arm ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (control_backlog_ || !failed_.empty()) return Arm::kPending;
+    ucs_status_t st = ucp_worker_arm(worker_);
+    if (st == UCS_OK) return Arm::kArmed;
+    if (st != UCS_ERR_BUSY) {
+      ZS_LOG(kWarn, "ucp_worker_arm failed: %s", ucs_status_string(st));
+    }
+    return last_progress_ == 0 ? Arm::kBusyIdle : Arm::kPending;
+  }
+
+  // Endpoint failure: delivers what the peer sent, then fails the rest.
+  void FailLocked(EpCore* c, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Called from UCX's error callback.
+  void MarkUcxFailedLocked(EpCore* c, ucs_status_t st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Discards user messages still queued for a departed endpoint.
+  void DiscardMessagesLocked(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  void Track(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.insert(op); }
+  void Untrack(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.erase(op); }
+
+  absl::Mutex mu;
+  absl::flat_hash_map<uint32_t, std::shared_ptr<EpCore>> eps ABSL_GUARDED_BY(mu);
+
+ private:
+  Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd, std::string name)
+      : ctx_(std::move(ctx)), worker_(w), efd_(efd), name_(std::move(name)) {}
+
+  size_t DrainControlLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  std::shared_ptr<Context> ctx_;
+  ucp_worker_h worker_;
+  int efd_;
+  std::string name_;
+  bool control_backlog_ ABSL_GUARDED_BY(mu) = false;
+  size_t last_progress_ ABSL_GUARDED_BY(mu) = 1;  // events the last progress handled
+  std::vector<std::pair<std::shared_ptr<EpCore>, ucs_status_t>> failed_ ABSL_GUARDED_BY(mu);
+  // Operations whose UCX request is outstanding but that no endpoint queue
+  // holds: control receives, discards, and operations already reported
+  // failed (a dead or closed endpoint) that UCX has not finished.
+  std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);
+};
+
+// The completion queue: an epoll set (its wait_fd) holding the workers'
+// wakeup fds, an eventfd for completions delivered from outside its own
+// progress, and a nested epoll set of its endpoints' connection sockets.
+class UcxCq final : public CompletionQueue {
+ public:
+  static absl::StatusOr<std::unique_ptr<UcxCq>> Create(UcxFabric* fabric);
+  ~UcxCq() override;
+
+  static constexpr int64_t kMinBackoffNs = 20 * 1000;
+  static constexpr int64_t kMaxBackoffNs = 2 * 1000 * 1000;
+
+  int wait_fd() const override { return epoll_.get(); }
+  UcxFabric* fabric() const { return fabric_; }
+
+  // Reports a completion; wakes a waiter unless this CQ is progressing on
+  // this thread (its caller polls next anyway).
+  void Deliver(Completion c);
+  void WakeWaiter() {
+    uint64_t one = 1;
+    ssize_t rc = ::write(event_.get(), &one, sizeof(one));
+    (void)rc;  // EAGAIN: the counter is non-zero, the waiter wakes anyway
+  }
+  bool IsProgressingHere() const;
+  void WatchWorker(int efd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = efd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, efd, &ev);
+  }
+  // A worker whose arm failed leaves its fd readable; while it has nothing
+  // to progress, the CQ waits on its timer instead (see ArmProvider).
+  void MuteWorker(int efd, bool mute) {
+    epoll_event ev{};
+    ev.events = mute ? 0u : static_cast<uint32_t>(EPOLLIN);
+    ev.data.fd = efd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, efd, &ev);
+  }
+  void Attach(UcxEndpoint* ep, int sock);
+  void Detach(UcxEndpoint* ep, int sock);
+  void Unwatch(int sock) { ::epoll_ctl(socks_.get(), EPOLL_CTL_DEL, sock, nullptr); }
+
+ protected:
+  size_t Progress() override;
+  bool ArmProvider() override;
+  void ClearWakeup() override {
+    armed_.store(false, std::memory_order_seq_cst);
+    Drain();
+  }
+  void UnmuteAll() {
+    MutexLock lock(&mute_mu_);
+    for (int efd : muted_) MuteWorker(efd, false);
+    muted_.clear();
+  }
+  // Makes wait_fd readable after `ns` (0: never).
+  void SetTimer(int64_t ns) {
+    itimerspec t{};
+    t.it_value.tv_sec = ns / 1000000000;
+    t.it_value.tv_nsec = ns % 1000000000;
+    ::timerfd_settime(timer_.get(), 0, &t, nullptr);
+  }
+
+ private:
+  UcxCq(UcxFabric* fabric, Fd epoll, Fd socks, Fd event, Fd timer)
+      : fabric_(fabric), epoll_(std::move(epoll)), socks_(std::move(socks)),
+        event_(std::move(event)), timer_(std::move(timer)) {}
+  void Drain() {
+    uint64_t v;
+    while (::read(event_.get(), &v, sizeof(v)) == sizeof(v)) {
+    }
+    while (::read(timer_.get(), &v, sizeof(v)) == sizeof(v)) {
+    }
+  }
+
+  UcxFabric* fabric_;
+  Fd epoll_;
+  Fd socks_;
+  Fd event_;
+  Fd timer_;  // backoff while UCX is busy with nothing to progress
+  std::atomic<int64_t> backoff_ns_{kMinBackoffNs};
+  absl::Mutex mute_mu_;
+  std::vector<int> muted_ ABSL_GUARDED_BY(mute_mu_);  // worker fds taken out of epoll_
+  std::atomic<bool> pushed_{false};  // delivered from outside Progress since it ran
+  std::atomic<bool> armed_{false};   // a waiter may sleep on wait_fd
+  absl::Mutex mu_;
+  std::vector<UcxEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
+};
+
+thread_local const UcxCq* t_progressing = nullptr;
+
+bool UcxCq::IsProgressingHere() const { return t_progressing == this; }
+
+void UcxCq::Deliver(Completion c) {
+  Push(std::move(c));
+  if (!IsProgressingHere()) {
+    // Dekker with ArmProvider: either it sees pushed_ or we see armed_.
+    pushed_.store(true, std::memory_order_seq_cst);
+    if (armed_.load(std::memory_order_seq_cst)) WakeWaiter();
+  }
+}
+
+// The state of one connection that UCX callbacks reach; guarded by the
+// worker's mutex. It outlives the endpoint object while UCX still owns
+// requests that point to it.
+struct EpCore {
+  Worker* worker = nullptr;
+  UcxCq* cq = nullptr;
+  Endpoint* ep = nullptr;  // null once the endpoint object is gone
+  uint32_t local_id = 0;
+  uint32_t local_secret = 0;
+  uint32_t peer_id = 0;
+  uint32_t peer_secret = 0;
+  uint32_t peer_pid = 0;
+  ucp_ep_h uep = nullptr;
+  bool closed = false;
+  bool dead = false;
+  absl::Status dead_status;
+  bool fail_emulated = false;  // FailEmulated still to be called
+  std::deque<Op*> sends;       // user sends, in posting order
+  std::deque<Op*> recvs;       // user receives, in posting order
+  std::unordered_set<Op*> others;   // control sends and native operations
+  std::deque<std::shared_ptr<ControlIn>> control;
+  // Native RMA: the peer's key table, mapped through ucp_rkey_ptr.
+  bool native = false;
+  ucp_rkey_h table_rkey = nullptr;
+  KeySlot* peer_table = nullptr;
+  size_t peer_slots = 0;
+  absl::flat_hash_map<uint32_t, std::pair<uint32_t, ucp_rkey_h>> rkeys;  // slot -> (gen, rkey)
+
+  uint64_t RecvTag(bool control) const { return MakeTag(local_id, local_secret, control); }
+  uint64_t SendTag(bool control) const { return MakeTag(peer_id, peer_secret, control); }
+};
+
+absl::Status ClosedError() {
+  return MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
+                   "operation on a closed ucx endpoint", "connect a new endpoint");
+}
+
+absl::Status ClosedCancel() {
+  return MakeError(absl::StatusCode::kCancelled, ECANCELED, "the ucx endpoint was closed", "");
+}
+
+// The status of a finished UCX operation of `c`.
+absl::Status OpStatus(EpCore* c, ucs_status_t st, OpType op) {
+  if (st == UCS_OK) return absl::OkStatus();
+  if (st == UCS_ERR_MESSAGE_TRUNCATED) {
+    return MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
+                     "the message is longer than the posted receive; it was discarded",
+                     "post receives as large as the largest message the peer sends");
+  }
+  if (c != nullptr && c->closed && !c->dead) return ClosedCancel();
+  if (c != nullptr && c->dead) return c->dead_status;
+  return UcsError(st, absl::StrCat("ucx ", OpTypeName(op), " failed"));
+}
+
+void ReportLocked(EpCore* c, Op* op) {
+  op->reported = true;
+  if (c->ep == nullptr || c->cq == nullptr) return;
+  Completion comp;
+  comp.context = op->context;
+  comp.op = op->op;
+  comp.length = op->status.ok() ? op->length : 0;
+  comp.endpoint = c->ep;
+  comp.status = op->status;
+  c->cq->Deliver(std::move(comp));
+}
+
+// Reports finished operations at the front of `q`, in posting order.
+void FlushLocked(EpCore* c, std::deque<Op*>* q) {
+  while (!q->empty() && q->front()->done) {
+    Op* op = q->front();
+    q->pop_front();
+    ReportLocked(c, op);
+    if (op->ucx_busy) {
+      c->worker->Track(op);  // reported; UCX still owns the request
+    } else {
+      delete op;
+    }
+  }
+}
+
+// Marks every unfinished operation of `c` failed with `why`; UCX keeps the
+// requests it still owns (their callbacks only free them).
+void FailRemainingLocked(EpCore* c, const absl::Status& why) {
+  for (std::deque<Op*>* q : {&c->sends, &c->recvs}) {
+    for (Op* op : *q) {
+      if (!op->done) {
+        op->done = true;
+        op->status = why;
+      }
+    }
+    FlushLocked(c, q);
+  }
+  std::vector<Op*> others(c->others.begin(), c->others.end());
+  for (Op* op : others) {
+    if (op->kind != Op::Kind::kNative || op->reported) continue;
+    op->status = why;
+    if (op->pinned != nullptr) {
+      Unpin(op->pinned);
+      op->pinned = nullptr;
+    }
+    ReportLocked(c, op);
+    c->others.erase(op);
+    c->worker->Track(op);
+  }
+}
+
+void ReleaseRkeysLocked(EpCore* c) {
+  for (auto& [slot, entry] : c->rkeys) ucp_rkey_destroy(entry.second);
+  c->rkeys.clear();
+  if (c->table_rkey != nullptr) ucp_rkey_destroy(c->table_rkey);
+  c->table_rkey = nullptr;
+  c->peer_table = nullptr;
+  c->native = false;
+}
+
+void CancelRecvsLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+  std::vector<void*> reqs;
+  for (Op* op : c->recvs) {
+    if (!op->done && op->ucx_busy) reqs.push_back(op->request);
+  }
+  // Cancelling completes expected receives at once (callback included);
+  // receives UCX has already matched are left to finish or fail.
+  for (void* req : reqs) ucp_request_cancel(w->handle(), req);
+}
+
+void CloseUcpEpLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+  if (c->uep == nullptr) return;
+  ReleaseRkeysLocked(c);
+  ucp_ep_h ep = c->uep;
+  c->uep = nullptr;
+  w->CloseEpLocked(ep);
+}
+
+size_t Worker::ProgressLocked() {
+  size_t n = 0;
+  for (int i = 0; i < 64; ++i) {
+    unsigned k = ucp_worker_progress(worker_);
+    if (k == 0) break;
+    n += k;
+  }
+  n += DrainControlLocked();
+  while (!failed_.empty()) {
+    auto [core, st] = failed_.back();
+    failed_.pop_back();
+    FailLocked(core.get(),
+               UcsError(st,
+                        absl::StrCat("UCX reported the connection to pid ", core->peer_pid,
+                                     " failed"),
+                        "reconnect; data the peer sent before it failed was delivered"));
+    ++n;
+  }
+  last_progress_ = n;
+  return n;
+}
+
+// Receives the control messages waiting for each endpoint. Probing each
+// endpoint's exact tag keeps this cheap: UCX finds fully masked tags by
+// hash, while a wildcard probe scans every unexpected message (user
+// messages nobody has posted a receive for yet included).
+size_t Worker::DrainControlLocked() {
+  size_t n = 0;
+  control_backlog_ = false;
+  for (auto& [id, core] : eps) {
+    if (core->closed) continue;
+    for (int i = 0;; ++i) {
+      if (i == 64) {
+        control_backlog_ = true;  // more next time; Arm reports pending
+        break;
+      }
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h msg =
+          ucp_tag_probe_nb(worker_, core->RecvTag(true), kFullMask, 1, &info);
+      if (msg == nullptr) break;
+      ++n;
+      auto in = std::make_shared<ControlIn>();
+      in->data.resize(info.length);
+      auto* op = new Op{Op::Kind::kControlRecv};
+      op->core = core;
+      op->worker = this;
+      op->control_in = in;
+      ucp_request_param_t p{};
+      p.op_attr_mask =
+          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+      p.cb.recv = OnRecv;
+      p.user_data = op;
+      p.recv_info.tag_info = &op->info;
+      core->control.push_back(in);
+      Track(op);
+      ucs_status_t st = Submit(op, [&] {
+        return ucp_tag_msg_recv_nbx(worker_, in->data.data(), in->data.size(), msg, &p);
+      });
+      if (st != UCS_OK) {
+        op->completed = true;
+        op->ucx_status = st;
+      }
+      if (op->completed) SettleLocked(op);
+    }
+    if (!core->control.empty() && core->cq != nullptr && !core->cq->IsProgressingHere()) {
+      core->cq->WakeWaiter();
+    }
+  }
+  return n;
+}
+
+void Worker::MarkUcxFailedLocked(EpCore* c, ucs_status_t st) {
+  auto it = eps.find(c->local_id);
+  if (it == eps.end()) return;
+  failed_.emplace_back(it->second, st);
+}
+
+void Worker::FailLocked(EpCore* c, const absl::Status& why) {
+  if (!c->closed && !c->dead) {
+    c->dead = true;
+    c->dead_status = why;
+    c->fail_emulated = true;
+    // Deliver what the peer sent before it went away.
+    for (int i = 0; i < 256 && ucp_worker_progress(worker_) > 0; ++i) {
+    }
+    DrainControlLocked();
+  }
+  CancelRecvsLocked(this, c);
+  CloseUcpEpLocked(this, c);
+  FailRemainingLocked(c, c->closed ? ClosedCancel() : c->dead_status);
+  if (c->cq != nullptr && !c->cq->IsProgressingHere()) c->cq->WakeWaiter();
+}
+
+void Worker::DiscardMessagesLocked(uint64_t tag) {
+  for (int i = 0; i < 4096; ++i) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, kFullMask, 1, &info);
+    if (msg == nullptr) return;
+    auto* op = new Op{Op::Kind::kDiscard};
+    op->worker = this;
+    op->owned.resize(info.length);
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+    p.cb.recv = OnRecv;
+    p.user_data = op;
+    p.recv_info.tag_info = &op->info;
+    Track(op);
+    ucs_status_t st = Submit(op, [&] {
+      return ucp_tag_msg_recv_nbx(worker_, op->owned.data(), op->owned.size(), msg, &p);
+    });
+    if (st != UCS_OK) {
+      op->completed = true;
+      op->ucx_status = st;
+    }
+    if (op->completed) SettleLocked(op);
+  }
+}
+
+// Finishes an operation UCX completed (op->completed), after its
+// ucp_*_nbx call returned.
+void SettleLocked(Op* op) {
+  EpCore* c = op->core.get();
+  const ucs_status_t st = op->ucx_status;
+  if (op->reported) {  // an orphan: its completion went out already
+    if (c != nullptr) c->worker->Untrack(op);
+    delete op;
+    return;
+  }
+  switch (op->kind) {
+    case Op::Kind::kUserSend:
+    case Op::Kind::kUserRecv:
+      op->done = true;
+      op->status = OpStatus(c, st, op->op);
+      if (op->kind == Op::Kind::kUserRecv && st == UCS_OK) op->length = op->info.length;
+      FlushLocked(c, op->kind == Op::Kind::kUserSend ? &c->sends : &c->recvs);
+      return;
+    case Op::Kind::kControlSend:
+      if (st != UCS_OK && c != nullptr && !c->dead && !c->closed) {
+        ZS_LOG(kDebug, "a ucx control message was not delivered: %s", ucs_status_string(st));
+      }
+      if (c != nullptr) c->others.erase(op);
+      delete op;
+      return;
+    case Op::Kind::kControlRecv:
+      op->control_in->done = true;
+      op->control_in->ok = (st == UCS_OK);
+      op->worker->Untrack(op);
+      if (c != nullptr && c->cq != nullptr && !c->cq->IsProgressingHere()) c->cq->WakeWaiter();
+      delete op;
+      return;
+    case Op::Kind::kNative:
+      if (op->pinned != nullptr) Unpin(op->pinned);
+      op->pinned = nullptr;
+      if (st == UCS_OK && op->result != nullptr) *op->result = op->reply;
+      op->status = OpStatus(c, st, op->op);
+      c->others.erase(op);
+      ReportLocked(c, op);
+      delete op;
+      return;
+    case Op::Kind::kDiscard:
+      op->worker->Untrack(op);
+      delete op;
+      return;
+  }
+}
+
+void OnSend(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  op->ucx_busy = false;
+  ucp_request_free(request);
+  op->completed = true;
+  op->ucx_status = status;
+  if (!op->posting) SettleLocked(op);
+}
+
+void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+            void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  op->ucx_busy = false;
+  ucp_request_free(request);
+  op->completed = true;
+  op->ucx_status = status;
+  if (info != nullptr) op->info = *info;
+  if (!op->posting) SettleLocked(op);
+}
+
+void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* c = static_cast<EpCore*>(arg);
+  c->worker->MarkUcxFailedLocked(c, status);
+}
+
+// ---------------------------------------------------------------- fabric
+
+class UcxRegion;
+
+class UcxFabric final : public Fabric {
+ public:
+  static absl::StatusOr<std::unique_ptr<Fabric>> Open(const FabricSpec& spec);
+  ~UcxFabric() override;
+
+  const Capabilities& caps() const override { return caps_; }
+  const Settings& settings() const { return settings_; }
+
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t len,
+                                                               uint32_t access) override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegistered(size_t len,
+                                                                   uint32_t access) override;
+  absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len, uint32_t access,
+                           absl::FunctionRef<void(void*)> fn) override {
+    BlobKey key;
+    if (!DecodeBlob(rkey, &key) || key.slot >= slots_ || (key.gen & 1) == 0) {
+      return KeyError("the key is malformed", addr, len);
+    }
+    PrivateSlot& p = own_[key.slot];
+    p.active.fetch_add(1, std::memory_order_seq_cst);
+    absl::Status st;
+    if (p.gen.load(std::memory_order_seq_cst) != key.gen) {
+      st = KeyError("the registration was released or revoked (stale key)", addr, len);
+    } else if (addr < p.addr || len > p.len || addr - p.addr > p.len - len) {
+      st = KeyError("the range lies outside the registered region", addr, len);
+    } else if ((p.access & access) != access) {
+      st = KeyError("the registration does not grant this access", addr, len);
+    } else {
+      fn(reinterpret_cast<void*>(addr));
+    }
+    p.active.fetch_sub(1, std::memory_order_seq_cst);
+    return st;
+  }
+
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {
+    auto cq = UcxCq::Create(this);
+    if (!cq.ok()) return cq.status();
+    return std::unique_ptr<CompletionQueue>(std::move(*cq));
+  }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(absl::string_view address) override;
+  absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view address,
+                                                    CompletionQueue* cq,
+                                                    absl::Duration timeout) override;
+
+  absl::StatusOr<std::unique_ptr<Endpoint>> Handshake(Fd sock, CompletionQueue* cq,
+                                                      absl::Time deadline);
+
+  // Workers that exist (created at the first connection).
+  std::vector<Worker*> LiveWorkers() const {
+    std::vector<Worker*> out;
+    if (Worker* w = primary_.load(std::memory_order_acquire)) out.push_back(w);
+    if (Worker* w = fallback_.load(std::memory_order_acquire)) {
+      if (w != primary_.load(std::memory_order_acquire)) out.push_back(w);
+    }
+    return out;
+  }
+  void AddCq(UcxCq* cq) {
+    MutexLock lock(&cq_mu_);
+    cqs_.push_back(cq);
+    for (Worker* w : LiveWorkers()) cq->WatchWorker(w->efd());
+  }
+  void RemoveCq(UcxCq* cq) {
+    MutexLock lock(&cq_mu_);
+    cqs_.erase(std::remove(cqs_.begin(), cqs_.end(), cq), cqs_.end());
+  }
+
+  void ReleaseSlot(uint32_t slot) {
+    MutexLock lock(&slot_mu_);
+    free_slots_.push_back(slot);
+  }
+  void UnmapMemory(ucp_mem_h memh) {
+    MutexLock lock(&ctx_mu_);
+    ucp_mem_unmap(primary_ctx_->handle(), memh);
+  }
+
+ private:
+  UcxFabric(const FabricSpec& spec, Settings s, std::shared_ptr<Context> ctx)
+      : settings_(std::move(s)), primary_ctx_(std::move(ctx)) {
+    caps_.provider = "ucx";
+    caps_.spec = spec.ToString();
+  }
+  absl::Status InitTable();
+  void InitCaps();
+  absl::StatusOr<Worker*> PrimaryWorker();
+  absl::StatusOr<Worker*> FallbackWorker();
+  absl::StatusOr<Worker*> StartWorker(std::shared_ptr<Context> ctx, const char* name,
+                                      std::unique_ptr<Worker>* slot,
+                                      std::atomic<Worker*>* published)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(worker_mu_);
+  absl::StatusOr<std::unique_ptr<UcxRegion>> RegisterSlot(void* addr, size_t len,
+                                                          uint32_t access, uint16_t flags,
+                                                          const std::string& rkey,
+                                                          ucp_mem_h memh);
+
+  Capabilities caps_;
+  Settings settings_;
+  std::shared_ptr<Context> primary_ctx_;
+  bool native_ = false;  // primary context has RMA/atomics and a shared key table
+
+  // Key table: in shared memory (ucp_mem_map ALLOCATE) when native_.
+  KeySlot* table_ = nullptr;
+  std::unique_ptr<PrivateSlot[]> own_;  // private records, one per slot
+  size_t slots_ = 0;
+  ucp_mem_h table_memh_ = nullptr;
+  size_t table_map_len_ = 0;  // when mmap'ed instead
+  std::string table_rkey_;
+  absl::Mutex slot_mu_;
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(slot_mu_);
+  absl::Mutex ctx_mu_;  // ucp_mem_map / unmap / rkey_pack on the primary context
+
+  absl::Mutex worker_mu_;
+  std::shared_ptr<Context> fallback_ctx_ ABSL_GUARDED_BY(worker_mu_);
+  std::unique_ptr<Worker> primary_worker_ ABSL_GUARDED_BY(worker_mu_);
+  std::unique_ptr<Worker> fallback_worker_ ABSL_GUARDED_BY(worker_mu_);
+  std::atomic<Worker*> primary_{nullptr};
+  std::atomic<Worker*> fallback_{nullptr};
+  std::atomic<uint32_t> next_id_{1};
+
+  absl::Mutex cq_mu_;
+  std::vector<UcxCq*> cqs_ ABSL_GUARDED_BY(cq_mu_);
+};
+
+// ---------------------------------------------------------------- regions
+
+
+class UcxRegion final : public MemoryRegion {
+ public:
+  UcxRegion(UcxFabric* fabric, void* addr, size_t len, uint32_t access, uint32_t slot,
+            uint32_t gen, uint8_t flags, KeySlot* entry, PrivateSlot* own, ucp_mem_h memh)
+      : MemoryRegion(addr, len, access), fabric_(fabric), slot_(slot), gen_(gen),
+        flags_(flags), entry_(entry), own_(own), memh_(memh) {}
+  ~UcxRegion() override {
+    Revoke();
+    if (memh_ != nullptr) fabric_->UnmapMemory(memh_);  // frees allocated memory
+    fabric_->ReleaseSlot(slot_);
+  }
+
+  RemoteKey remote_key() const override {
+    RemoteKey key;
+    key.addr = reinterpret_cast<uint64_t>(addr());
+    key.length = length();
+    key.access = access();
+    key.blob.assign(kBlobSize, 0);
+    key.blob[0] = 1;
+    key.blob[1] = flags_;
+    std::memcpy(key.blob.data() + 4, &slot_, 4);
+    std::memcpy(key.blob.data() + 8, &gen_, 4);
+    return key;
+  }
+
+  void Revoke() noexcept override {
+    uint32_t expected = gen_;
+    // The private generation decides: peers may write the shared one.
+    if (!own_->gen.compare_exchange_strong(expected, gen_ + 1, std::memory_order_seq_cst)) {
+      return;  // already revoked
+    }
+    entry_->gen.store(gen_ + 1, std::memory_order_seq_cst);
+    while (own_->active.load(std::memory_order_seq_cst) != 0) sched_yield();
+    // Peers inside a native access: wait at most one second (a peer killed
+    // mid-access would otherwise hold us forever).
+    const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
+    while (entry_->active.load(std::memory_order_seq_cst) != 0 &&
+           absl::GetCurrentTimeNanos() < deadline) {
+      sched_yield();
+    }
+  }
+
+ private:
+  UcxFabric* fabric_;
+  uint32_t slot_;
+  uint32_t gen_;
+  uint8_t flags_;
+  KeySlot* entry_;
+  PrivateSlot* own_;
+  ucp_mem_h memh_;  // allocated regions only: owns the memory
+};
+
+absl::StatusOr<std::unique_ptr<UcxRegion>> UcxFabric::RegisterSlot(
+    void* addr, size_t len, uint32_t access, uint16_t flags, const std::string& rkey,
+    ucp_mem_h memh) {
+  if (addr == nullptr || len == 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "cannot register an empty or null range", "register at least one byte");
+  }
+  uint32_t slot;
+  {
+    MutexLock lock(&slot_mu_);
+    if (free_slots_.empty()) {
+      return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
+                       absl::StrCat("all ", slots_, " ucx registrations are in use"),
+                       "release registrations, or raise the fabric option max_registrations "
+                       "(the registration cache evicts unused ones)");
+    }
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  PrivateSlot* own = &own_[slot];
+  own->addr = reinterpret_cast<uint64_t>(addr);
+  own->len = len;
+  own->access = access;
+  uint32_t gen = own->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
+  if ((gen & 1) == 0) ++gen;
+  own->gen.store(gen, std::memory_order_seq_cst);
+  KeySlot* e = &table_[slot];
+  e->addr = own->addr;
+  e->len = len;
+  e->access = access;
+  e->flags = flags;
+  e->rkey_len = static_cast<uint16_t>(rkey.size());
+  if (!rkey.empty()) std::memcpy(e->rkey, rkey.data(), rkey.size());
+  e->gen.store(gen, std::memory_order_seq_cst);
+  return std::make_unique<UcxRegion>(this, addr, len, access, slot, gen,
+                                     static_cast<uint8_t>(flags), e, own, memh);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxFabric::RegisterMemory(void* addr, size_t len,
+                                                                        uint32_t access) {
+  // Ordinary memory needs no UCX registration: its one-sided operations go
+  // through core emulation, which the target checks against this table.
+  auto r = RegisterSlot(addr, len, access, 0, {}, nullptr);
+  if (!r.ok()) return r.status();
+  return std::unique_ptr<MemoryRegion>(std::move(*r));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxFabric::AllocateRegistered(size_t len,
+                                                                           uint32_t access) {
+  if (!native_) return Fabric::AllocateRegistered(len, access);
+  if (len == 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "cannot allocate an empty registered region", "ask for at least one byte");
+  }
+  ucp_mem_h memh = nullptr;
+  std::string rkey;
+  ucp_mem_attr_t attr{};
+  {
+    MutexLock lock(&ctx_mu_);
+    ucp_mem_map_params_t p{};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    p.length = len;
+    p.flags = UCP_MEM_MAP_ALLOCATE;
+    ucs_status_t st = ucp_mem_map(primary_ctx_->handle(), &p, &memh);
+    if (st != UCS_OK) {
+      return UcsError(st, absl::StrCat("UCX could not allocate ", len, " registered bytes"),
+                      "check free space in /dev/shm and memory limits");
+    }
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    ucp_mem_query(memh, &attr);
+    void* buf = nullptr;
+    size_t buf_len = 0;
+    if (ucp_rkey_pack(primary_ctx_->handle(), memh, &buf, &buf_len) == UCS_OK) {
+      if (buf_len <= sizeof(KeySlot::rkey)) {
+        rkey.assign(static_cast<const char*>(buf), buf_len);
+      } else {
+        ZS_LOG(kInfo, "UCX rkey of %zu bytes does not fit the key table (%zu): remote "
+               "operations on this region are emulated", buf_len, sizeof(KeySlot::rkey));
+      }
+      ucp_rkey_buffer_release(buf);
+    }
+  }
+  std::memset(attr.address, 0, len);  // like the default (fresh anonymous pages)
+  auto r = RegisterSlot(attr.address, len, access, rkey.empty() ? 0 : kSlotNative, rkey, memh);
+  if (!r.ok()) {
+    UnmapMemory(memh);
+    return r.status();
+  }
+  return std::unique_ptr<MemoryRegion>(std::move(*r));
+}
+
+// ---------------------------------------------------------------- endpoint
+
+class UcxEndpoint final : public Endpoint {
+ public:
+  UcxEndpoint(UcxFabric* fabric, UcxCq* cq, std::shared_ptr<EpCore> core, Fd sock,
+              EndpointInfo info)
+      : Endpoint(fabric, cq), cq_(cq), core_(std::move(core)), sock_(std::move(sock)),
+        info_(std::move(info)) {
+    {
+      MutexLock lock(&core_->worker->mu);
+      core_->ep = this;
+    }
+    cq_->Attach(this, sock_.get());
+  }
+
+  ~UcxEndpoint() override {
+    Close();
+    cq_->Detach(this, sock_.get());
+    Worker* w = core_->worker;
+    MutexLock lock(&w->mu);
+    w->DiscardMessagesLocked(core_->RecvTag(false));
+    w->DiscardMessagesLocked(core_->RecvTag(true));
+    w->eps.erase(core_->local_id);
+    core_->ep = nullptr;
+  }
+
+  const EndpointInfo& info() const override { return info_; }
+
+  absl::Status Send(const void* buf, size_t len, MemoryRegion*, uint64_t context) override {
+    if (len > kMaxMessage) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                       absl::StrCat("message of ", len, " bytes exceeds ucx's maximum of ",
+                                    kMaxMessage),
+                       "split the message");
+    }
+    EpCore* c = core_.get();
+    MutexLock lock(&c->worker->mu);
+    if (c->closed) return ClosedError();
+    if (c->dead) return c->dead_status;
+    auto* op = new Op{Op::Kind::kUserSend};
+    op->core = core_;
+    op->op = OpType::kSend;
+    op->context = context;
+    op->length = len;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = OnSend;
+    p.user_data = op;
+    c->sends.push_back(op);
+    ucs_status_t st =
+        Submit(op, [&] { return ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &p); });
+    if (st != UCS_OK) {
+      c->sends.pop_back();
+      delete op;
+      return UcsError(st, "ucx send failed");
+    }
+    if (op->completed) SettleLocked(op);
+    return absl::OkStatus();
+  }
+
+  absl::Status PostRecv(void* buf, size_t len, MemoryRegion*, uint64_t context) override {
+    EpCore* c = core_.get();
+    Worker* w = c->worker;
+    MutexLock lock(&w->mu);
+    if (c->closed) return ClosedError();
+    if (c->dead) {
+      // Messages the peer sent before it died are still delivered.
+      ucp_tag_recv_info_t info{};
+      if (ucp_tag_probe_nb(w->handle(), c->RecvTag(false), kFullMask, 0, &info) == nullptr) {
+        return c->dead_status;
+      }
+    }
+    auto* op = new Op{Op::Kind::kUserRecv};
+    op->core = core_;
+    op->op = OpType::kRecv;
+    op->context = context;
+    // UCX 1.13 does not fill recv_info when a receive completes at once
+    // (contrary to its documentation), so completion always goes through
+    // the callback, which gets the length.
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = OnRecv;
+    p.user_data = op;
+    c->recvs.push_back(op);
+    ucs_status_t st = Submit(op, [&] {
+      return ucp_tag_recv_nbx(w->handle(), buf, len, c->RecvTag(false), kFullMask, &p);
+    });
+    if (st == UCS_ERR_MESSAGE_TRUNCATED) {
+      op->completed = true;
+      op->ucx_status = st;
+    } else if (st != UCS_OK) {
+      c->recvs.pop_back();
+      delete op;
+      return UcsError(st, "posting a ucx receive failed");
+    }
+    if (op->completed) {
+      SettleLocked(op);  // may report and free `op`
+    } else if (c->dead) {
+      // Matched a message from a dead peer that can no longer finish.
+      CancelRecvsLocked(w, c);
+      FailRemainingLocked(c, c->dead_status);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SendControl(std::span<const uint8_t> msg) override {
+    EpCore* c = core_.get();
+    MutexLock lock(&c->worker->mu);
+    if (c->closed) return ClosedError();
+    if (c->dead) return c->dead_status;
+    auto* op = new Op{Op::Kind::kControlSend};
+    op->core = core_;
+    op->owned.assign(msg.begin(), msg.end());
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = OnSend;
+    p.user_data = op;
+    c->others.insert(op);
+    ucs_status_t st = Submit(op, [&] {
+      return ucp_tag_send_nbx(c->uep, op->owned.data(), op->owned.size(), c->SendTag(true), &p);
+    });
+    if (st != UCS_OK) {
+      c->others.erase(op);
+      delete op;
+      return UcsError(st, "sending a ucx control message failed");
+    }
+    if (op->completed) SettleLocked(op);
+    return absl::OkStatus();
+  }
+
+  absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
+                    const RemoteKey& rkey, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = Native(OpType::kRead, local, len, remote_addr, rkey, 0, 0, nullptr,
+                             context, &handled);
+    if (handled) return st;
+    return Endpoint::Read(local, len, mr, remote_addr, rkey, context);
+  }
+
+  absl::Status Write(const void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
+                     const RemoteKey& rkey, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = Native(OpType::kWrite, const_cast<void*>(local), len, remote_addr, rkey,
+                             0, 0, nullptr, context, &handled);
+    if (handled) return st;
+    return Endpoint::Write(local, len, mr, remote_addr, rkey, context);
+  }
+
+  absl::Status FetchAdd(uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
+                        uint64_t add, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = Native(OpType::kFetchAdd, nullptr, 8, remote_addr, rkey, add, 0, result,
+                             context, &handled);
+    if (handled) return st;
+    return Endpoint::FetchAdd(result, remote_addr, rkey, add, context);
+  }
+
+  absl::Status CompareSwap(uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
+                           uint64_t compare, uint64_t swap, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = Native(OpType::kCompareSwap, nullptr, 8, remote_addr, rkey, compare, swap,
+                             result, context, &handled);
+    if (handled) return st;
+    return Endpoint::CompareSwap(result, remote_addr, rkey, compare, swap, context);
+  }
+
+  void Close() override {
+    EpCore* c = core_.get();
+    {
+      MutexLock lock(&c->worker->mu);
+      if (c->closed) return;
+      c->closed = true;
+      c->fail_emulated = false;
+      CancelRecvsLocked(c->worker, c);
+      CloseUcpEpLocked(c->worker, c);
+      FailRemainingLocked(c, ClosedCancel());
+    }
+    ::shutdown(sock_.get(), SHUT_RDWR);  // the peer sees the connection end
+    FailEmulated(ClosedCancel());
+  }
+
+  // ---- for UcxCq ----
+  // The connection socket became readable: the peer went away (it sends
+  // nothing after the handshake).
+  void OnSocketEvent() {
+    char b;
+    ssize_t n = ::recv(sock_.get(), &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    cq_->Unwatch(sock_.get());
+    EpCore* c = core_.get();
+    MutexLock lock(&c->worker->mu);
+    c->worker->FailLocked(
+        c, MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                     absl::StrCat("ucx peer pid ", c->peer_pid,
+                                  n > 0 ? " broke the connection protocol"
+                                        : " closed the connection (it exited, was killed or "
+                                          "closed the endpoint)"),
+                     "reconnect; data the peer sent before it went away was delivered"));
+  }
+
+  // Delivers control messages and a pending emulation failure; called by
+  // the endpoint's CQ without any provider lock the handlers could need.
+  size_t Service() {
+    std::vector<std::shared_ptr<ControlIn>> ready;
+    absl::Status fail;
+    EpCore* c = core_.get();
+    {
+      MutexLock lock(&c->worker->mu);
+      while (!c->control.empty() && c->control.front()->done) {
+        ready.push_back(std::move(c->control.front()));
+        c->control.pop_front();
+      }
+      if (c->fail_emulated) {
+        c->fail_emulated = false;
+        fail = c->dead_status;
+      }
+    }
+    for (const auto& in : ready) {
+      if (in->ok) DeliverControl(in->data);
+    }
+    if (!fail.ok()) FailEmulated(fail);
+    return ready.size() + (fail.ok() ? 0 : 1);
+  }
+
+  bool HasWork() {
+    EpCore* c = core_.get();
+    MutexLock lock(&c->worker->mu);
+    return c->fail_emulated || (!c->control.empty() && c->control.front()->done);
+  }
+
+ private:
+  // Native UCP RMA/atomics on a peer's AllocateRegistered memory, after
+  // checking the peer's own record of the key. *handled = false: not such
+  // memory (or not over shared memory): the caller emulates.
+  absl::Status Native(OpType type, void* local, size_t len, uint64_t raddr,
+                      const RemoteKey& rkey, uint64_t a, uint64_t b, uint64_t* result,
+                      uint64_t context, bool* handled) {
+    BlobKey key;
+    if (!DecodeBlob(rkey, &key) || (key.flags & kSlotNative) == 0) return absl::OkStatus();
+    EpCore* c = core_.get();
+    Worker* w = c->worker;
+    MutexLock lock(&w->mu);
+    if (!c->native) return absl::OkStatus();
+    *handled = true;
+    if (c->closed) return ClosedError();
+    if (c->dead) return c->dead_status;
+    if (type == OpType::kFetchAdd || type == OpType::kCompareSwap) {
+      if (raddr % 8 != 0) {
+        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                         absl::StrCat("atomic on remote address 0x", absl::Hex(raddr),
+                                      " which is not 8-byte aligned"),
+                         "atomics operate on aligned 8-byte words");
+      }
+    }
+    KeySlot* e = nullptr;
+    if (auto st = PinKey(c->peer_table, c->peer_slots, key, raddr, len, AccessFor(type), &e);
+        !st.ok()) {
+      return st;
+    }
+    if ((e->flags & kSlotNative) == 0 || e->rkey_len == 0 || e->rkey_len > sizeof(e->rkey)) {
+      Unpin(e);
+      *handled = false;  // emulate: the peer could not publish a UCX key for it
+      return absl::OkStatus();
+    }
+    ucp_rkey_h rk = nullptr;
+    auto it = c->rkeys.find(key.slot);
+    if (it != c->rkeys.end() && it->second.first == key.gen) {
+      rk = it->second.second;
+    } else {
+      if (it != c->rkeys.end()) {
+        ucp_rkey_destroy(it->second.second);
+        c->rkeys.erase(it);
+      }
+      uint8_t packed[sizeof(e->rkey)];
+      std::memcpy(packed, e->rkey, e->rkey_len);  // the target's record, not the key's
+      ucs_status_t st = ucp_ep_rkey_unpack(c->uep, packed, &rk);
+      if (st != UCS_OK) {
+        Unpin(e);
+        return UcsError(st, "UCX could not unpack the peer's key");
+      }
+      c->rkeys[key.slot] = {key.gen, rk};
+    }
+    auto* op = new Op{Op::Kind::kNative};
+    op->core = core_;
+    op->op = type;
+    op->context = context;
+    op->length = len;
+    op->pinned = e;
+    op->result = result;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = OnSend;
+    p.user_data = op;
+    if (type == OpType::kFetchAdd || type == OpType::kCompareSwap) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+      p.datatype = ucp_dt_make_contig(8);
+      p.reply_buffer = &op->reply;
+      // ADD: buffer = addend. CSWAP: buffer = compare value, reply_buffer =
+      // swap value in, old value out (ucp.h's atomic_ops table).
+      op->value = a;
+      if (type == OpType::kCompareSwap) op->reply = b;
+    }
+    c->others.insert(op);
+    ucs_status_t st = Submit(op, [&]() -> void* {
+      switch (type) {
+        case OpType::kRead: return ucp_get_nbx(c->uep, local, len, raddr, rk, &p);
+        case OpType::kWrite: return ucp_put_nbx(c->uep, local, len, raddr, rk, &p);
+        case OpType::kFetchAdd:
+          return ucp_atomic_op_nbx(c->uep, UCP_ATOMIC_OP_ADD, &op->value, 1, raddr, rk, &p);
+        default:
+          return ucp_atomic_op_nbx(c->uep, UCP_ATOMIC_OP_CSWAP, &op->value, 1, raddr, rk, &p);
+      }
+    });
+    if (st != UCS_OK) {
+      Unpin(e);
+      c->others.erase(op);
+      delete op;
+      return UcsError(st, absl::StrCat("ucx ", OpTypeName(type), " failed"));
+    }
+    if (op->completed) SettleLocked(op);
+    return absl::OkStatus();
+  }
+
+  UcxCq* cq_;
+  std::shared_ptr<EpCore> core_;
+  Fd sock_;
+  EndpointInfo info_;
+};
+
+// ---------------------------------------------------------------- CQ methods
+
+absl::StatusOr<std::unique_ptr<UcxCq>> UcxCq::Create(UcxFabric* fabric) {
+  int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (efd < 0) return ErrnoError(errno, "eventfd for a ucx CQ failed", "raise the fd limit (ulimit -n)");
+  Fd event(efd);
+  int epfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epfd < 0) return ErrnoError(errno, "epoll_create1 for a ucx CQ failed", "raise the fd limit (ulimit -n)");
+  Fd ep(epfd);
+  int sfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (sfd < 0) return ErrnoError(errno, "epoll_create1 for a ucx CQ failed", "raise the fd limit (ulimit -n)");
+  Fd socks(sfd);
+  int tfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (tfd < 0) return ErrnoError(errno, "timerfd_create for a ucx CQ failed", "raise the fd limit (ulimit -n)");
+  Fd timer(tfd);
+  for (int fd : {efd, sfd, tfd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return ErrnoError(errno, "building the ucx CQ's epoll set failed");
+    }
+  }
+  auto cq = std::unique_ptr<UcxCq>(
+      new UcxCq(fabric, std::move(ep), std::move(socks), std::move(event), std::move(timer)));
+  // Core's wake eventfd (Push/Wake from other threads) joins the wait set.
+  epoll_event wev{};
+  wev.events = EPOLLIN;
+  wev.data.fd = cq->wake_fd();
+  if (::epoll_ctl(epfd, EPOLL_CTL_ADD, cq->wake_fd(), &wev) != 0) {
+    return ErrnoError(errno, "adding the wake eventfd to the ucx CQ epoll set failed");
+  }
+  fabric->AddCq(cq.get());
+  return cq;
+}
+
+UcxCq::~UcxCq() { fabric_->RemoveCq(this); }
+
+void UcxCq::Attach(UcxEndpoint* ep, int sock) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.ptr = ep;
+  MutexLock lock(&mu_);
+  ::epoll_ctl(socks_.get(), EPOLL_CTL_ADD, sock, &ev);
+  endpoints_.push_back(ep);
+}
+
+void UcxCq::Detach(UcxEndpoint* ep, int sock) {
+  MutexLock lock(&mu_);
+  ::epoll_ctl(socks_.get(), EPOLL_CTL_DEL, sock, nullptr);
+  endpoints_.erase(std::remove(endpoints_.begin(), endpoints_.end(), ep), endpoints_.end());
+}
+
+size_t UcxCq::Progress() {
+  const UcxCq* outer = t_progressing;
+  t_progressing = this;
+  pushed_.store(false, std::memory_order_seq_cst);
+  size_t n = 0;
+  for (Worker* w : fabric_->LiveWorkers()) {
+    MutexLock lock(&w->mu);
+    n += w->ProgressLocked();
+  }
+  {
+    MutexLock lock(&mu_);
+    epoll_event evs[64];
+    int k = ::epoll_wait(socks_.get(), evs, 64, 0);
+    for (int i = 0; i < k; ++i) {
+      static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
+      ++n;
+    }
+    for (UcxEndpoint* ep : endpoints_) n += ep->Service();
+  }
+  if (n > 0) backoff_ns_.store(kMinBackoffNs, std::memory_order_relaxed);
+  t_progressing = outer;
+  return n;
+}
+
+bool UcxCq::ArmProvider() {
+  armed_.store(true, std::memory_order_seq_cst);
+  Drain();
+  if (pushed_.load(std::memory_order_seq_cst)) return false;
+  epoll_event ev;
+  if (::epoll_wait(socks_.get(), &ev, 1, 0) > 0) return false;
+  bool busy_idle = false;
+  std::vector<int> idle;
+  for (Worker* w : fabric_->LiveWorkers()) {
+    Worker::Arm state;
+    {
+      MutexLock lock(&w->mu);
+      state = w->ArmLocked();
+    }
+    switch (state) {
+      case Worker::Arm::kArmed: break;
+      case Worker::Arm::kPending: UnmuteAll(); return false;
+      case Worker::Arm::kBusyIdle: busy_idle = true; idle.push_back(w->efd()); break;
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    for (UcxEndpoint* ep : endpoints_) {
+      if (ep->HasWork()) return false;
+    }
+  }
+  UnmuteAll();
+  if (busy_idle) {
+    // Sleep, but not for long: UCX may need polling to move on.
+    MutexLock lock(&mute_mu_);
+    for (int efd : idle) MuteWorker(efd, true);
+    muted_ = std::move(idle);
+    int64_t ns = backoff_ns_.load(std::memory_order_relaxed);
+    SetTimer(ns);
+    backoff_ns_.store(std::min(ns * 2, kMaxBackoffNs), std::memory_order_relaxed);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- listener
+
+class UcxListener final : public Listener {
+ public:
+  UcxListener(UcxFabric* fabric, Fd sock, std::string address)
+      : fabric_(fabric), sock_(std::move(sock)), address_(std::move(address)) {}
+
+  std::string address() const override { return address_; }
+  int fd() const override { return sock_.get(); }
+
+  absl::StatusOr<std::unique_ptr<Endpoint>> Accept(CompletionQueue* cq,
+                                                   absl::Duration timeout) override {
+    absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      int fd = ::accept4(sock_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        absl::Duration hs = std::min(fabric_->settings().connect_timeout,
+                                     std::max(deadline - absl::Now(), absl::Seconds(1)));
+        return fabric_->Handshake(Fd(fd), cq, absl::Now() + hs);
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return ErrnoError(errno, absl::StrCat("accept on ucx address '", address_, "' failed"),
+                          errno == EMFILE ? "raise the fd limit (ulimit -n)" : "");
+      }
+      int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (left_ms <= 0) {
+        return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                         absl::StrCat("no connection arrived on ucx address '", address_, "'"),
+                         "");
+      }
+      pollfd pfd{sock_.get(), POLLIN, 0};
+      ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    }
+  }
+
+ private:
+  UcxFabric* fabric_;
+  Fd sock_;
+  std::string address_;
+};
+
+absl::StatusOr<std::unique_ptr<Listener>> UcxFabric::Listen(absl::string_view address) {
+  std::string text(address.empty() ? "127.0.0.1:0" : address);
+  socklen_t len = 0;
+  auto sa = ParseAddress(text, &len);
+  if (!sa.ok()) return sa.status();
+  int fd = ::socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoError(errno, "socket() for a ucx listener failed");
+  Fd sock(fd);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&*sa), len) != 0) {
+    return ErrnoError(errno, absl::StrCat("binding ucx address '", text, "' failed"),
+                      errno == EADDRINUSE ? "another process listens there; pick another port"
+                                          : "use an address of this host");
+  }
+  if (::listen(fd, 1024) != 0) return ErrnoError(errno, "listen on a ucx socket failed");
+  return std::unique_ptr<Listener>(new UcxListener(this, std::move(sock), SocketAddress(fd, false)));
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Connect(absl::string_view address,
+                                                            CompletionQueue* cq,
+                                                            absl::Duration timeout) {
+  socklen_t len = 0;
+  auto sa = ParseAddress(address, &len);
+  if (!sa.ok()) return sa.status();
+  absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(1);
+  for (;;) {
+    int fd = ::socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ErrnoError(errno, "socket() for a ucx connection failed");
+    Fd sock(fd);
+    int err = 0;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&*sa), len) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        if (auto st = WaitFd(fd, POLLOUT, deadline, "accept the connection"); !st.ok()) return st;
+        socklen_t elen = sizeof(err);
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+      }
+    }
+    if (err == 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return Handshake(std::move(sock), cq, deadline);
+    }
+    if (err != ECONNREFUSED || absl::Now() + backoff > deadline) {
+      return ErrnoError(err, absl::StrCat("connecting to ucx address '", address, "' failed"),
+                        err == ECONNREFUSED ? "start a listener on that address first" : "");
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+  }
+}
+
+// ---------------------------------------------------------------- fabric methods
+
+absl::StatusOr<std::unique_ptr<Fabric>> UcxFabric::Open(const FabricSpec& spec) {
+  if (auto st = ForkGuard::Get().Check(); !st.ok()) return st;
+  auto settings = LoadSettings(spec);
+  if (!settings.ok()) return settings.status();
+  // Native RMA only where every peer of the context shares memory with us:
+  // enabling UCP RMA/atomics also enables UCX's unchecked software
+  // emulation of them for whoever is connected.
+  const bool rma = settings->native_rma && settings->same_host_only && settings->has_mm;
+  auto ctx = Context::Create(settings->tls, *settings, settings->has_mm, rma);
+  if (!ctx.ok()) return ctx.status();
+  auto fabric = std::unique_ptr<UcxFabric>(
+      new UcxFabric(spec, *std::move(settings), std::shared_ptr<Context>(std::move(*ctx))));
+  if (auto st = fabric->InitTable(); !st.ok()) return st;
+  fabric->InitCaps();
+  return std::unique_ptr<Fabric>(std::move(fabric));
+}
+
+absl::Status UcxFabric::InitTable() {
+  slots_ = settings_.max_registrations;
+  const size_t bytes = slots_ * sizeof(KeySlot);
+  if (primary_ctx_->rma()) {
+    MutexLock lock(&ctx_mu_);
+    ucp_mem_map_params_t p{};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    p.length = bytes;
+    p.flags = UCP_MEM_MAP_ALLOCATE;
+    if (ucp_mem_map(primary_ctx_->handle(), &p, &table_memh_) == UCS_OK) {
+      ucp_mem_attr_t attr{};
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+      ucp_mem_query(table_memh_, &attr);
+      table_ = static_cast<KeySlot*>(attr.address);
+      void* buf = nullptr;
+      size_t len = 0;
+      if (ucp_rkey_pack(primary_ctx_->handle(), table_memh_, &buf, &len) == UCS_OK) {
+        table_rkey_.assign(static_cast<const char*>(buf), len);
+        ucp_rkey_buffer_release(buf);
+        native_ = true;
+      }
+    } else {
+      table_memh_ = nullptr;
+    }
+  }
+  if (table_ == nullptr) {
+    void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      return ErrnoError(errno, "allocating the ucx key table failed",
+                        "lower max_registrations or raise memory limits");
+    }
+    table_ = static_cast<KeySlot*>(mem);
+    table_map_len_ = bytes;
+  }
+  for (size_t i = 0; i < slots_; ++i) {
+    new (&table_[i]) KeySlot{};
+  }
+  own_ = std::make_unique<PrivateSlot[]>(slots_);
+  MutexLock lock(&slot_mu_);
+  for (size_t i = slots_; i > 0; --i) free_slots_.push_back(static_cast<uint32_t>(i - 1));
+  return absl::OkStatus();
+}
+
+void UcxFabric::InitCaps() {
+  const Settings& s = settings_;
+  caps_.send_recv = Support::kNative;
+  caps_.rdma_read = Support::kEmulated;
+  caps_.rdma_write = Support::kEmulated;
+  caps_.atomics = Support::kEmulated;
+  caps_.atomics_allocated = native_ ? Support::kNative : Support::kEmulated;
+  caps_.max_msg_size = kMaxMessage;
+  caps_.max_rma_size = kMaxMessage;
+  caps_.inline_size = 0;
+  caps_.registration_required = false;
+  caps_.peer_on_host = s.same_host_only;
+  caps_.wait_fd = true;
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  caps_.notes.push_back(absl::StrCat(
+      "UCX ", major, ".", minor, ".", release, ", UCX_TLS=", s.tls, "; UCX opened: ",
+      primary_ctx_->resources().empty() ? std::string("nothing")
+                                        : absl::StrJoin(primary_ctx_->resources(), ", ")));
+  std::vector<std::string> missing;
+  for (const std::string& t : s.requested) {
+    bool alias = t == "all" || t == "sm" || t == "shm" || t == "mm";
+    const auto& opened = primary_ctx_->transports();
+    if (!alias && std::find(opened.begin(), opened.end(), t) == opened.end()) missing.push_back(t);
+  }
+  if (!missing.empty()) {
+    caps_.notes.push_back(absl::StrCat(
+        "requested but not available here: ", absl::StrJoin(missing, ","),
+        " (ucx_info -d shows what this host offers; cma needs ptrace permission)"));
+  }
+  if (s.has_cma) {
+    caps_.notes.push_back(
+        "cma: UCX 1.13 selects no cma lane for endpoints with peer-failure handling, which "
+        "zsock needs to fail a dead peer's operations; rendezvous goes through shared memory "
+        "(each endpoint's notes list its lanes)");
+  }
+  if (s.same_host_only) {
+    caps_.notes.push_back(
+        s.fallback_tcp
+            ? "peers that cannot share memory with this process (another user, ptrace policy, "
+              "another host or pid namespace) are connected over tcp instead; their endpoint "
+              "notes say so and why (fallback=none makes that an error)"
+            : "fallback=none: connections to peers that cannot share memory fail");
+  }
+  caps_.notes.push_back(
+      "rdma read/write and atomics on ordinary memory: core emulation, performed by the "
+      "target's progress engine after checking its own registration table; UCX 1.13 has no "
+      "transport RMA for such memory here and its software RMA writes wherever the peer says "
+      "without any key check, so zsock does not use it");
+  if (native_) {
+    caps_.notes.push_back(
+        "memory from AllocateRegistered lives in UCX posix shared memory: rdma read/write "
+        "and atomics on it are native UCP operations (no target progress needed), checked "
+        "against the target's key table, which peers map read-only in spirit through "
+        "ucp_rkey_ptr");
+  } else if (s.same_host_only && s.has_mm && !s.native_rma) {
+    caps_.notes.push_back("native_rma=off: every one-sided operation is emulated");
+  }
+  caps_.notes.push_back(
+      "UCP's registration cache is off (RCACHE_ENABLE=n): it installs UCM memory hooks and "
+      "starts UCX's async thread at ucp_init; zsock's rcache and memhooks invalidate "
+      "registrations instead");
+  if (!s.ucx_options_text.empty()) {
+    caps_.notes.push_back(absl::StrCat("UCX options: ", absl::StrJoin(s.ucx_options_text, " ")));
+  }
+}
+
+UcxFabric::~UcxFabric() {
+  ReleaseCache();
+  {
+    MutexLock lock(&worker_mu_);
+    primary_.store(nullptr);
+    fallback_.store(nullptr);
+    primary_worker_.reset();
+    fallback_worker_.reset();
+    fallback_ctx_.reset();
+  }
+  if (table_memh_ != nullptr) {
+    MutexLock lock(&ctx_mu_);
+    ucp_mem_unmap(primary_ctx_->handle(), table_memh_);
+  } else if (table_map_len_ > 0) {
+    ::munmap(table_, table_map_len_);
+  }
+}
+
+absl::StatusOr<Worker*> UcxFabric::StartWorker(std::shared_ptr<Context> ctx, const char* name,
+                                               std::unique_ptr<Worker>* slot,
+                                               std::atomic<Worker*>* published) {
+  auto w = Worker::Create(std::move(ctx), name);
+  if (!w.ok()) return w.status();
+  *slot = std::move(*w);
+  published->store(slot->get(), std::memory_order_release);
+  MutexLock lock(&cq_mu_);
+  for (UcxCq* cq : cqs_) cq->WatchWorker((*slot)->efd());
+  return slot->get();
+}
+
+absl::StatusOr<Worker*> UcxFabric::PrimaryWorker() {
+  MutexLock lock(&worker_mu_);
+  if (primary_worker_ != nullptr) return primary_worker_.get();
+  return StartWorker(primary_ctx_, "primary", &primary_worker_, &primary_);
+}
+
+absl::StatusOr<Worker*> UcxFabric::FallbackWorker() {
+  MutexLock lock(&worker_mu_);
+  if (settings_.tls == "tcp") {  // the primary already is tcp
+    if (primary_worker_ != nullptr) return primary_worker_.get();
+    return StartWorker(primary_ctx_, "primary", &primary_worker_, &primary_);
+  }
+  if (fallback_worker_ != nullptr) return fallback_worker_.get();
+  if (fallback_ctx_ == nullptr) {
+    Settings tcp;
+    auto ctx = Context::Create("tcp", tcp, /*mm=*/false, /*rma=*/false);
+    if (!ctx.ok()) return ctx.status();
+    fallback_ctx_ = std::shared_ptr<Context>(std::move(*ctx));
+  }
+  return StartWorker(fallback_ctx_, "tcp fallback", &fallback_worker_, &fallback_);
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, CompletionQueue* cq,
+                                                              absl::Time deadline) {
+  auto* ucq = dynamic_cast<UcxCq*>(cq);
+  if (ucq == nullptr || ucq->fabric() != this) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "the completion queue does not belong to this ucx fabric",
+                     "create the CQ with the same fabric as the endpoint");
+  }
+  auto primary = PrimaryWorker();
+  if (!primary.ok()) return primary.status();
+  Worker* w = *primary;
+  auto core = std::make_shared<EpCore>();
+  core->cq = ucq;
+  core->local_id = next_id_.fetch_add(1);
+  if (core->local_id == 0) core->local_id = next_id_.fetch_add(1);
+  core->local_secret = static_cast<uint32_t>(RandomU64()) & 0x7fffffffu;
+
+  Hello mine;
+  {
+    MutexLock lock(&w->mu);
+    auto addr = w->Address();
+    if (!addr.ok()) return addr.status();
+    mine.address = *addr;
+  }
+  const ShmProbe& probe = Probe();
+  auto boot = BootId();
+  HelloFixed& f = mine.fixed;
+  f.magic = kHelloMagic;
+  f.version = kWireVersion;
+  f.flags = static_cast<uint16_t>((settings_.fallback_tcp ? kHelloFallbackTcp : 0) |
+                                  (native_ ? kHelloNativeTable : 0));
+  f.pid = static_cast<uint32_t>(::getpid());
+  f.uid = static_cast<uint32_t>(::getuid());
+  f.ep_id = core->local_id;
+  f.secret = core->local_secret;
+  f.probe_nonce = probe.nonce;
+  f.probe_fd = probe.fd;
+  f.table_slots = static_cast<uint32_t>(slots_);
+  f.table_addr = reinterpret_cast<uint64_t>(table_);
+  std::memcpy(f.boot_id, boot.data(), boot.size());
+  if (native_) mine.table_rkey = table_rkey_;
+  mine.tls = settings_.tls;
+  if (auto st = SendFrame(sock.get(), kHelloFrame, mine.Encode(), deadline); !st.ok()) return st;
+  auto theirs_bytes = RecvFrame(sock.get(), kHelloFrame, deadline);
+  if (!theirs_bytes.ok()) return theirs_bytes.status();
+  auto theirs = Hello::Decode(*theirs_bytes);
+  if (!theirs.ok()) return theirs.status();
+  core->peer_id = theirs->fixed.ep_id;
+  core->peer_secret = theirs->fixed.secret;
+  core->peer_pid = theirs->fixed.pid;
+  const bool same_host = std::memcmp(theirs->fixed.boot_id, boot.data(), boot.size()) == 0;
+
+  // Phase 1: the primary transports.
+  absl::Status attempt;
+  if (settings_.same_host_only && !same_host) {
+    attempt = MakeError(absl::StatusCode::kUnavailable, EHOSTUNREACH,
+                        absl::StrCat("the peer runs on another host, which transports '",
+                                     settings_.tls, "' cannot reach"),
+                        "use ucx:tcp (or keep fallback=tcp)");
+  } else if (settings_.has_mm) {
+    attempt = ProbeSharedMemory(theirs->fixed.pid, theirs->fixed.probe_fd,
+                                theirs->fixed.probe_nonce);
+  }
+  ucp_ep_h uep = nullptr;
+  core->worker = w;
+  if (attempt.ok()) {
+    MutexLock lock(&w->mu);
+    auto ep = w->CreateEp(theirs->address, core.get());
+    if (ep.ok()) {
+      uep = *ep;
+      core->uep = uep;
+      w->eps[core->local_id] = core;  // before our verdict: the peer may send at once
+    } else {
+      attempt = ep.status();
+    }
+  }
+  std::string verdict(4, '\0');
+  verdict[0] = attempt.ok() ? 1 : 0;
+  if (!attempt.ok()) verdict += std::string(attempt.message()).substr(0, 2048);
+  auto unregister = [&](Worker* wk) {
+    MutexLock lock(&wk->mu);
+    wk->eps.erase(core->local_id);
+    if (core->uep != nullptr) {
+      ucp_ep_h ep = core->uep;
+      core->uep = nullptr;
+      wk->CloseEpLocked(ep);
+    }
+  };
+  if (auto st = SendFrame(sock.get(), kVerdictFrame, verdict, deadline); !st.ok()) {
+    unregister(w);
+    return st;
+  }
+  auto their_verdict = RecvFrame(sock.get(), kVerdictFrame, deadline);
+  if (!their_verdict.ok() || their_verdict->size() < 4) {
+    unregister(w);
+    if (!their_verdict.ok()) return their_verdict.status();
+    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO, "malformed ucx verdict",
+                     "the peer is not a compatible zsock ucx endpoint");
+  }
+  const bool their_ok = (*their_verdict)[0] == 1;
+  std::string fallback_note;
+  if (!attempt.ok() || !their_ok) {
+    unregister(w);
+    std::string why = !attempt.ok()
+                          ? std::string(attempt.message())
+                          : absl::StrCat("the peer (pid ", theirs->fixed.pid,
+                                         ") could not reach us: ", their_verdict->substr(4));
+    const bool can_fall_back = settings_.fallback_tcp &&
+                               (theirs->fixed.flags & kHelloFallbackTcp) != 0;
+    if (!can_fall_back) {
+      return MakeError(absl::StatusCode::kFailedPrecondition, ECONNREFUSED,
+                       absl::StrCat("cannot connect over ucx:", settings_.tls, ": ", why),
+                       "set fallback=tcp on both sides, or fix the cause above");
+    }
+    auto fb = FallbackWorker();
+    if (!fb.ok()) return fb.status();
+    w = *fb;
+    core->worker = w;
+    std::string addr;
+    {
+      MutexLock lock(&w->mu);
+      auto a = w->Address();
+      if (!a.ok()) return a.status();
+      addr = *a;
+      w->eps[core->local_id] = core;
+    }
+    if (auto st = SendFrame(sock.get(), kFallbackFrame, addr, deadline); !st.ok()) {
+      unregister(w);
+      return st;
+    }
+    auto their_addr = RecvFrame(sock.get(), kFallbackFrame, deadline);
+    if (!their_addr.ok()) {
+      unregister(w);
+      return their_addr.status();
+    }
+    MutexLock lock(&w->mu);
+    auto ep = w->CreateEp(*their_addr, core.get());
+    if (!ep.ok()) {
+      w->eps.erase(core->local_id);
+      return ep.status();
+    }
+    core->uep = *ep;
+    fallback_note = absl::StrCat("fell back to tcp: ", why);
+    ZS_LOG(kInfo, "ucx connection to pid %u %s", theirs->fixed.pid, fallback_note);
+  }
+
+  EndpointInfo info;
+  info.local_address = SocketAddress(sock.get(), false);
+  info.peer_address = SocketAddress(sock.get(), true);
+  info.peer_on_host = same_host;
+  info.rdma_read = Support::kEmulated;
+  info.rdma_write = Support::kEmulated;
+  info.atomics = Support::kEmulated;
+  {
+    MutexLock lock(&w->mu);
+    std::string text = Printed([&](FILE* out) { ucp_ep_print_info(core->uep, out); });
+    std::vector<Lane> lanes = ParseLanes(text);
+    std::vector<std::string> parts;
+    bool shm_amo = false, cma_lane = false, shm_lane = false;
+    for (const Lane& l : lanes) {
+      parts.push_back(absl::StrCat(l.transport, " (", absl::StrJoin(l.uses, " "), ")"));
+      bool shm = absl::StartsWith(l.transport, "posix/") || absl::StartsWith(l.transport, "sysv/");
+      shm_lane |= shm;
+      cma_lane |= absl::StartsWith(l.transport, "cma/");
+      for (const auto& u : l.uses) shm_amo |= (shm && u == "amo");
+    }
+    info.notes.push_back(absl::StrCat("UCX lanes", w == *primary ? "" : " (tcp fallback context)",
+                                      ": ", parts.empty() ? "?" : absl::StrJoin(parts, ", ")));
+    if (!fallback_note.empty()) {
+      info.notes.push_back(absl::StrCat(
+          fallback_note, ". This endpoint uses tcp although ucx:", settings_.tls,
+          " was asked for"));
+    } else if (settings_.has_mm && !shm_lane) {
+      info.notes.push_back("shared memory was requested but UCX chose no shared-memory lane");
+    }
+    if (settings_.has_cma && !cma_lane) {
+      info.notes.push_back(
+          "cma requested but UCX chose no cma lane (UCX 1.13 does not with peer-failure "
+          "handling)");
+    }
+    // Native RMA on the peer's AllocateRegistered memory: map its key table.
+    if (w->rma() && (theirs->fixed.flags & kHelloNativeTable) != 0 &&
+        !theirs->table_rkey.empty() && shm_amo && theirs->fixed.table_slots > 0) {
+      ucp_rkey_h rk = nullptr;
+      void* ptr = nullptr;
+      if (ucp_ep_rkey_unpack(core->uep, theirs->table_rkey.data(), &rk) == UCS_OK) {
+        if (ucp_rkey_ptr(rk, theirs->fixed.table_addr, &ptr) == UCS_OK && ptr != nullptr) {
+          core->table_rkey = rk;
+          core->peer_table = static_cast<KeySlot*>(ptr);
+          core->peer_slots = theirs->fixed.table_slots;
+          core->native = true;
+        } else {
+          ucp_rkey_destroy(rk);
+        }
+      }
+    }
+    info.notes.push_back(
+        core->native
+            ? "rdma read/write and atomics: native UCP operations on memory from the peer's "
+              "AllocateRegistered (checked against its key table); on other memory emulated "
+              "by the peer's progress engine, which checks every access"
+            : "rdma read/write and atomics: emulated by the peer's progress engine, which "
+              "checks every access against its registrations (UCX would only emulate them "
+              "itself, without checks)");
+  }
+  return std::unique_ptr<Endpoint>(
+      new UcxEndpoint(this, ucq, std::move(core), std::move(sock), std::move(info)));
+}
+
+const bool kRegistered = RegisterProvider(ProviderInfo{
+    "ucx",
+    "UCX 1.13 (UCP tag matching; tcp, posix shared memory, cma)",
+    {"ucx:tcp", "ucx:posix,cma"},
+    [](const FabricSpec& spec) { return UcxFabric::Open(spec); },
+});
+
+}  // namespace
+}  // namespace zsock::ucx

@@ -1,0 +1,266 @@
+// Tests of the ucx provider beyond the shared conformance suite: config
+// string validation, the transports endpoints report, the fork guard, the
+// tcp fallback switch, IPv6 listeners and a malformed handshake.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/provider.h"
+#include "gtest/gtest.h"
+
+namespace zsock {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+
+std::string Notes(const std::vector<std::string>& notes) { return absl::StrJoin(notes, " | "); }
+
+void ExpectInvalid(const std::string& config, const std::string& needle) {
+  auto fabric = Fabric::Open(config);
+  ASSERT_FALSE(fabric.ok()) << config << " opened";
+  EXPECT_EQ(fabric.status().code(), absl::StatusCode::kInvalidArgument) << fabric.status();
+  EXPECT_TRUE(absl::StrContains(fabric.status().message(), needle))
+      << config << ": " << fabric.status();
+}
+
+TEST(UcxOptions, RejectsUnknownTransportsAndOptions) {
+  ExpectInvalid("ucx:posix,bogus", "unknown UCX transport 'bogus'");
+  ExpectInvalid("ucx:tcp?UCX_NO_SUCH_THING=1", "unknown UCX option 'UCX_NO_SUCH_THING'");
+  ExpectInvalid("ucx:tcp?UCX_RNDV_THRESH=lots", "UCX_RNDV_THRESH");
+  ExpectInvalid("ucx:tcp?UCX_TLS=posix", "after 'ucx:'");
+  ExpectInvalid("ucx:tcp?UCX_RCACHE_ENABLE=y", "fixed");
+  // Read once when UCX loads: not settable per fabric.
+  ExpectInvalid("ucx:tcp?UCX_LOG_LEVEL=info", "cannot be set for one fabric");
+  ExpectInvalid("ucx:posix?UCX_POSIX_FIFO_SIZE=128", "UCX_MM_FIFO_SIZE");
+  ExpectInvalid("ucx:tcp?fallback=maybe", "fallback=maybe");
+  ExpectInvalid("ucx:tcp?speed=fast", "unknown ucx option 'speed'");
+}
+
+TEST(UcxOptions, PassesUcxVariablesToTheContext) {
+  auto fabric = Fabric::Open("ucx:tcp?UCX_RNDV_THRESH=16k&UCX_TCP_NODELAY=n");
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  EXPECT_TRUE(absl::StrContains(Notes((*fabric)->caps().notes), "UCX_RNDV_THRESH=16k"))
+      << Notes((*fabric)->caps().notes);
+  auto shm = Fabric::Open("ucx:posix,cma?UCX_MM_FIFO_SIZE=128");
+  ASSERT_TRUE(shm.ok()) << shm.status();
+}
+
+TEST(UcxCaps, SaysWhatIsNative) {
+  auto tcp = Fabric::Open("ucx:tcp");
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_EQ((*tcp)->caps().rdma_read, Support::kEmulated);
+  EXPECT_EQ((*tcp)->caps().atomics_allocated, Support::kEmulated);
+  EXPECT_FALSE((*tcp)->caps().registration_required);
+  auto shm = Fabric::Open("ucx:posix,cma");
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_EQ((*shm)->caps().atomics_allocated, Support::kNative);
+  EXPECT_TRUE((*shm)->caps().peer_on_host);
+  auto off = Fabric::Open("ucx:posix,cma?native_rma=off");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ((*off)->caps().atomics_allocated, Support::kEmulated);
+}
+
+// Connects two fabrics of this process; returns {client, server} endpoints.
+struct Pair {
+  std::unique_ptr<Fabric> a, b;
+  std::unique_ptr<CompletionQueue> cqa, cqb;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<Endpoint> client, server;
+};
+
+Pair Connect(const std::string& config, const std::string& listen = "") {
+  Pair p;
+  auto a = Fabric::Open(config);
+  auto b = Fabric::Open(config);
+  EXPECT_TRUE(a.ok() && b.ok());
+  if (!a.ok() || !b.ok()) return p;
+  p.a = std::move(*a);
+  p.b = std::move(*b);
+  p.cqa = *p.a->CreateCq();
+  p.cqb = *p.b->CreateCq();
+  auto l = p.b->Listen(listen);
+  EXPECT_TRUE(l.ok()) << l.status();
+  if (!l.ok()) return p;
+  p.listener = std::move(*l);
+  absl::StatusOr<std::unique_ptr<Endpoint>> server = absl::UnknownError("not run");
+  std::thread t([&] { server = p.listener->Accept(p.cqb.get(), kTimeout); });
+  auto client = p.a->Connect(p.listener->address(), p.cqa.get(), kTimeout);
+  t.join();
+  EXPECT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (client.ok()) p.client = std::move(*client);
+  if (server.ok()) p.server = std::move(*server);
+  return p;
+}
+
+TEST(UcxEndpoint, NotesNameTheTransportsUcxChose) {
+  Pair tcp = Connect("ucx:tcp");
+  ASSERT_NE(tcp.client, nullptr);
+  EXPECT_TRUE(absl::StrContains(Notes(tcp.client->info().notes), "UCX lanes: tcp/"))
+      << Notes(tcp.client->info().notes);
+  EXPECT_TRUE(tcp.client->info().peer_on_host);
+  EXPECT_TRUE(absl::StartsWith(tcp.client->info().peer_address, "127.0.0.1:"));
+
+  Pair shm = Connect("ucx:posix,cma");
+  ASSERT_NE(shm.client, nullptr);
+  std::string notes = Notes(shm.client->info().notes);
+  EXPECT_TRUE(absl::StrContains(notes, "UCX lanes: posix/memory")) << notes;
+  EXPECT_TRUE(absl::StrContains(notes, "cma requested but UCX chose no cma lane")) << notes;
+  EXPECT_FALSE(absl::StrContains(notes, "fell back")) << notes;
+
+  // A message each way.
+  std::string in(16, '\0');
+  ASSERT_TRUE(shm.server->PostRecv(in.data(), in.size(), nullptr, 7).ok());
+  ASSERT_TRUE(shm.client->Send("ping", 4, nullptr, 8).ok());
+  Completion c;
+  bool got = false;
+  absl::Time deadline = absl::Now() + kTimeout;
+  while (!got && absl::Now() < deadline) {
+    shm.cqa->Poll(std::span<Completion>(&c, 1));
+    if (shm.cqb->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(10)).value_or(0) == 1) {
+      ASSERT_TRUE(c.status.ok()) << c.status;
+      got = c.op == OpType::kRecv;
+    }
+  }
+  ASSERT_TRUE(got);
+  EXPECT_EQ(in.substr(0, c.length), "ping");
+}
+
+TEST(UcxEndpoint, ListensOnIpv6Loopback) {
+  int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 sa{};
+  sa.sin6_family = AF_INET6;
+  sa.sin6_addr = in6addr_loopback;
+  bool v6 = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
+  if (probe >= 0) close(probe);
+  if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  Pair p = Connect("ucx:tcp", "[::1]:0");
+  ASSERT_NE(p.client, nullptr);
+  EXPECT_TRUE(absl::StartsWith(p.listener->address(), "[::1]:")) << p.listener->address();
+}
+
+TEST(UcxEndpoint, MalformedHandshakeIsRefused) {
+  auto fabric = Fabric::Open("ucx:tcp");
+  ASSERT_TRUE(fabric.ok());
+  auto cq = (*fabric)->CreateCq();
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok());
+  std::string addr = (*listener)->address();
+  std::thread peer([&] {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+      const char junk[] = "\x01\x00\x00\x00\x10\x00\x00\x00garbage garbage!";
+      (void)!write(s, junk, sizeof(junk) - 1);
+      char b[256];
+      while (read(s, b, sizeof(b)) > 0) {
+      }
+    }
+    close(s);
+  });
+  auto ep = (*listener)->Accept(cq->get(), kTimeout);
+  peer.join();
+  ASSERT_FALSE(ep.ok());
+  EXPECT_EQ(ep.status().code(), absl::StatusCode::kFailedPrecondition) << ep.status();
+}
+
+// UCX's async thread does not survive fork: a child forked while the parent
+// has endpoints must get a clear error, not a hang.
+TEST(UcxFork, ChildOfProcessWithEndpointsIsRefused) {
+  Pair p = Connect("ucx:tcp");
+  ASSERT_NE(p.client, nullptr);
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto fabric = Fabric::Open("ucx:tcp");
+    bool refused = !fabric.ok() && fabric.status().code() == absl::StatusCode::kFailedPrecondition &&
+                   absl::StrContains(fabric.status().message(), "fork");
+    _exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Before any endpoint exists (fabric, CQ and listener are fine), a forked
+// child uses UCX normally.
+TEST(UcxFork, ChildForkedBeforeEndpointsWorks) {
+  auto fabric = Fabric::Open("ucx:tcp");
+  ASSERT_TRUE(fabric.ok());
+  auto cq = (*fabric)->CreateCq();
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok());
+  std::string addr = (*listener)->address();
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30);
+    auto f = Fabric::Open("ucx:tcp");
+    if (!f.ok()) _exit(2);
+    auto ccq = (*f)->CreateCq();
+    auto ep = (*f)->Connect(addr, ccq->get(), kTimeout);
+    if (!ep.ok()) _exit(3);
+    if (!(*ep)->Send("hi", 2, nullptr, 1).ok()) _exit(4);
+    Completion c;
+    if ((*ccq)->Wait(std::span<Completion>(&c, 1), kTimeout).value_or(0) != 1 || !c.status.ok()) {
+      _exit(5);
+    }
+    _exit(0);
+  }
+  auto ep = (*listener)->Accept(cq->get(), kTimeout);
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  std::string in(8, '\0');
+  ASSERT_TRUE((*ep)->PostRecv(in.data(), in.size(), nullptr, 1).ok());
+  Completion c;
+  ASSERT_EQ((*cq)->Wait(std::span<Completion>(&c, 1), kTimeout).value_or(0), 1u);
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(in.substr(0, c.length), "hi");
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// A peer under another uid cannot share memory with us; with fallback=none
+// the connection fails on both sides and says why.
+TEST(UcxFallback, NoneRefusesPeersThatCannotShareMemory) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to start a peer under another uid";
+  const std::string config = "ucx:posix,cma?fallback=none";
+  auto fabric = Fabric::Open(config);
+  ASSERT_TRUE(fabric.ok());
+  auto cq = (*fabric)->CreateCq();
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok());
+  std::string addr = (*listener)->address();
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+    auto f = Fabric::Open(config);
+    if (!f.ok()) _exit(2);
+    auto ccq = (*f)->CreateCq();
+    auto ep = (*f)->Connect(addr, ccq->get(), kTimeout);
+    _exit(!ep.ok() && absl::StrContains(ep.status().message(), "shared memory") ? 0 : 1);
+  }
+  auto ep = (*listener)->Accept(cq->get(), kTimeout);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "setuid(65534) failed";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_FALSE(ep.ok());
+  EXPECT_TRUE(absl::StrContains(ep.status().message(), "fallback")) << ep.status();
+}
+
+}  // namespace
+}  // namespace zsock
