@@ -2265,8 +2265,7 @@ void UcxFabric::InitCaps() {
     caps_.notes.push_back(
         "memory from AllocateRegistered lives in UCX posix shared memory: rdma read/write "
         "and atomics on it are native UCP operations (no target progress needed), checked "
-        "against the target's key table, which peers map read-only in spirit through "
-        "ucp_rkey_ptr");
+        "first against the target's key table, which peers map through ucp_rkey_ptr");
   } else if (s.same_host_only && s.has_mm && !s.native_rma) {
     caps_.notes.push_back("native_rma=off: every one-sided operation is emulated");
   }
