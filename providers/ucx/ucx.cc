@@ -384,7 +384,7 @@ struct Hello {
     }
     uint64_t total = uint64_t{sizeof(HelloFixed)} + f.address_len + f.table_rkey_len + f.tls_len;
     if (total != bytes.size() || f.address_len == 0 || f.table_rkey_len > 4096 ||
-        f.tls_len > 1024 || f.ep_id == 0) {
+        f.tls_len > 1024 || f.ep_id == 0 || f.table_slots > (1u << 20)) {
       return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
                        "ucx hello carries inconsistent lengths",
                        "the peer is not a compatible zsock ucx endpoint");
