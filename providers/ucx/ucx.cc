@@ -385,7 +385,7 @@ struct Hello {
     }
     uint64_t total = uint64_t{sizeof(HelloFixed)} + f.address_len + f.table_rkey_len + f.tls_len;
     if (total != bytes.size() || f.address_len == 0 || f.table_rkey_len > 4096 ||
-        f.tls_len > 1024 || f.ep_id == 0) {
+        f.tls_len > 1024 || f.ep_id == 0 || f.table_slots > (1u << 20)) {
       return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
                        "ucx hello carries inconsistent lengths",
                        "the peer is not a compatible zsock ucx endpoint");
@@ -2309,8 +2309,7 @@ void UcxFabric::InitCaps() {
     caps_.notes.push_back(
         "memory from AllocateRegistered lives in UCX posix shared memory: rdma read/write "
         "and atomics on it are native UCP operations (no target progress needed), checked "
-        "against the target's key table, which peers map read-only in spirit through "
-        "ucp_rkey_ptr");
+        "first against the target's key table, which peers map through ucp_rkey_ptr");
   } else if (s.same_host_only && s.has_mm && !s.native_rma) {
     caps_.notes.push_back("native_rma=off: every one-sided operation is emulated");
   }

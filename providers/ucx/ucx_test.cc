@@ -7,8 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -68,70 +68,114 @@ TEST(UcxCaps, SaysWhatIsNative) {
   EXPECT_EQ((*off)->caps().atomics_allocated, Support::kEmulated);
 }
 
-// Connects two fabrics of this process; returns {client, server} endpoints.
-struct Pair {
-  std::unique_ptr<Fabric> a, b;
-  std::unique_ptr<CompletionQueue> cqa, cqb;
-  std::unique_ptr<Listener> listener;
-  std::unique_ptr<Endpoint> client, server;
-};
-
-Pair Connect(const std::string& config, const std::string& listen = "") {
-  Pair p;
-  auto a = Fabric::Open(config);
-  auto b = Fabric::Open(config);
-  EXPECT_TRUE(a.ok() && b.ok());
-  if (!a.ok() || !b.ok()) return p;
-  p.a = std::move(*a);
-  p.b = std::move(*b);
-  p.cqa = *p.a->CreateCq();
-  p.cqb = *p.b->CreateCq();
-  auto l = p.b->Listen(listen);
-  EXPECT_TRUE(l.ok()) << l.status();
-  if (!l.ok()) return p;
-  p.listener = std::move(*l);
-  absl::StatusOr<std::unique_ptr<Endpoint>> server = absl::UnknownError("not run");
-  std::thread t([&] { server = p.listener->Accept(p.cqb.get(), kTimeout); });
-  auto client = p.a->Connect(p.listener->address(), p.cqa.get(), kTimeout);
-  t.join();
-  EXPECT_TRUE(client.ok()) << client.status();
-  EXPECT_TRUE(server.ok()) << server.status();
-  if (client.ok()) p.client = std::move(*client);
-  if (server.ok()) p.server = std::move(*server);
-  return p;
+// Runs `child` in a forked process (which must open its own fabric) and
+// returns its exit code. The tests use processes, not threads, like the
+// conformance suite: Debian's absl is not built for ThreadSanitizer, which
+// then reports every absl::Mutex-protected access from two threads.
+template <typename Fn>
+pid_t Spawn(Fn child) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30);
+    _exit(child());
+  }
+  return pid;
 }
 
-TEST(UcxEndpoint, NotesNameTheTransportsUcxChose) {
-  Pair tcp = Connect("ucx:tcp");
-  ASSERT_NE(tcp.client, nullptr);
-  EXPECT_TRUE(absl::StrContains(Notes(tcp.client->info().notes), "UCX lanes: tcp/"))
-      << Notes(tcp.client->info().notes);
-  EXPECT_TRUE(tcp.client->info().peer_on_host);
-  EXPECT_TRUE(absl::StartsWith(tcp.client->info().peer_address, "127.0.0.1:"));
+int Reap(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
-  Pair shm = Connect("ucx:posix,cma");
-  ASSERT_NE(shm.client, nullptr);
-  std::string notes = Notes(shm.client->info().notes);
-  EXPECT_TRUE(absl::StrContains(notes, "UCX lanes: posix/memory")) << notes;
-  EXPECT_TRUE(absl::StrContains(notes, "cma requested but UCX chose no cma lane")) << notes;
-  EXPECT_FALSE(absl::StrContains(notes, "fell back")) << notes;
+// A listener here and an endpoint connected to it from a child process that
+// checks its own side with `check` (exit code 0 = fine). Returns our side.
+struct Served {
+  std::unique_ptr<Fabric> fabric;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<Endpoint> server;
+  int child_exit = -1;
+};
 
-  // A message each way.
-  std::string in(16, '\0');
-  ASSERT_TRUE(shm.server->PostRecv(in.data(), in.size(), nullptr, 7).ok());
-  ASSERT_TRUE(shm.client->Send("ping", 4, nullptr, 8).ok());
-  Completion c;
-  bool got = false;
-  absl::Time deadline = absl::Now() + kTimeout;
-  while (!got && absl::Now() < deadline) {
-    shm.cqa->Poll(std::span<Completion>(&c, 1));
-    if (shm.cqb->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(10)).value_or(0) == 1) {
-      ASSERT_TRUE(c.status.ok()) << c.status;
-      got = c.op == OpType::kRecv;
+template <typename Check>
+Served ServeOne(const std::string& config, const std::string& listen, Check check) {
+  Served s;
+  auto fabric = Fabric::Open(config);
+  EXPECT_TRUE(fabric.ok()) << fabric.status();
+  if (!fabric.ok()) return s;
+  s.fabric = std::move(*fabric);
+  s.cq = *s.fabric->CreateCq();
+  auto l = s.fabric->Listen(listen);
+  EXPECT_TRUE(l.ok()) << l.status();
+  if (!l.ok()) return s;
+  s.listener = std::move(*l);
+  const std::string address = s.listener->address();
+  pid_t pid = Spawn([&]() -> int {
+    auto f = Fabric::Open(config);
+    if (!f.ok()) return 2;
+    auto cq = (*f)->CreateCq();
+    auto ep = (*f)->Connect(address, cq->get(), kTimeout);
+    if (!ep.ok()) {
+      std::fprintf(stderr, "child: %s\n", std::string(ep.status().message()).c_str());
+      return 3;
+    }
+    int rc = check(ep->get());
+    // Stay until the parent has looked at its side.
+    std::string in(8, '\0');
+    if ((*ep)->PostRecv(in.data(), in.size(), nullptr, 1).ok()) {
+      Completion c;
+      (*cq)->Wait(std::span<Completion>(&c, 1), kTimeout).IgnoreError();
+    }
+    return rc;
+  });
+  auto server = s.listener->Accept(s.cq.get(), kTimeout);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (server.ok()) {
+    s.server = std::move(*server);
+    if (s.server->Send("bye", 3, nullptr, 9).ok()) {
+      Completion c;
+      s.cq->Wait(std::span<Completion>(&c, 1), kTimeout).IgnoreError();
     }
   }
-  ASSERT_TRUE(got);
-  EXPECT_EQ(in.substr(0, c.length), "ping");
+  s.child_exit = Reap(pid);
+  return s;
+}
+
+// (Each pair lives in its own scope: a process with live ucx endpoints
+// cannot fork ucx users, see UcxFork.)
+TEST(UcxEndpoint, NotesNameTheTransportsUcxChose) {
+  {
+    Served tcp = ServeOne("ucx:tcp", "", [](Endpoint* ep) {
+      std::string notes = Notes(ep->info().notes);
+      if (!absl::StrContains(notes, "UCX lanes: tcp/")) {
+        std::fprintf(stderr, "child notes: %s\n", notes.c_str());
+        return 1;
+      }
+      return ep->info().peer_on_host && absl::StartsWith(ep->info().peer_address, "127.0.0.1:")
+                 ? 0
+                 : 1;
+    });
+    ASSERT_NE(tcp.server, nullptr);
+    EXPECT_EQ(tcp.child_exit, 0);
+    EXPECT_TRUE(absl::StrContains(Notes(tcp.server->info().notes), "UCX lanes: tcp/"))
+        << Notes(tcp.server->info().notes);
+  }
+
+  Served shm = ServeOne("ucx:posix,cma", "", [](Endpoint* ep) {
+    std::string notes = Notes(ep->info().notes);
+    bool ok = absl::StrContains(notes, "UCX lanes: posix/memory") &&
+              absl::StrContains(notes, "cma requested but UCX chose no cma lane") &&
+              !absl::StrContains(notes, "fell back");
+    if (!ok) std::fprintf(stderr, "child notes: %s\n", notes.c_str());
+    return ok ? 0 : 1;
+  });
+  ASSERT_NE(shm.server, nullptr);
+  EXPECT_EQ(shm.child_exit, 0);
+  std::string notes = Notes(shm.server->info().notes);
+  EXPECT_TRUE(absl::StrContains(notes, "UCX lanes: posix/memory")) << notes;
+  EXPECT_TRUE(absl::StrContains(notes, "native UCP operations")) << notes;
 }
 
 TEST(UcxEndpoint, ListensOnIpv6Loopback) {
@@ -142,9 +186,12 @@ TEST(UcxEndpoint, ListensOnIpv6Loopback) {
   bool v6 = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
   if (probe >= 0) close(probe);
   if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
-  Pair p = Connect("ucx:tcp", "[::1]:0");
-  ASSERT_NE(p.client, nullptr);
-  EXPECT_TRUE(absl::StartsWith(p.listener->address(), "[::1]:")) << p.listener->address();
+  Served s = ServeOne("ucx:tcp", "[::1]:0", [](Endpoint* ep) {
+    return absl::StartsWith(ep->info().peer_address, "[::1]:") ? 0 : 1;
+  });
+  ASSERT_NE(s.server, nullptr);
+  EXPECT_EQ(s.child_exit, 0);
+  EXPECT_TRUE(absl::StartsWith(s.listener->address(), "[::1]:")) << s.listener->address();
 }
 
 TEST(UcxEndpoint, MalformedHandshakeIsRefused) {
@@ -154,43 +201,40 @@ TEST(UcxEndpoint, MalformedHandshakeIsRefused) {
   auto listener = (*fabric)->Listen("");
   ASSERT_TRUE(listener.ok());
   std::string addr = (*listener)->address();
-  std::thread peer([&] {
+  pid_t peer = Spawn([&]() -> int {
     int s = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-      const char junk[] = "\x01\x00\x00\x00\x10\x00\x00\x00garbage garbage!";
-      (void)!write(s, junk, sizeof(junk) - 1);
-      char b[256];
-      while (read(s, b, sizeof(b)) > 0) {
-      }
+    if (connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) return 1;
+    const char junk[] = "\x01\x00\x00\x00\x10\x00\x00\x00garbage garbage!";
+    (void)!write(s, junk, sizeof(junk) - 1);
+    char b[256];
+    while (read(s, b, sizeof(b)) > 0) {
     }
     close(s);
+    return 0;
   });
   auto ep = (*listener)->Accept(cq->get(), kTimeout);
-  peer.join();
   ASSERT_FALSE(ep.ok());
   EXPECT_EQ(ep.status().code(), absl::StatusCode::kFailedPrecondition) << ep.status();
+  EXPECT_EQ(Reap(peer), 0);
 }
 
 // UCX's async thread does not survive fork: a child forked while the parent
 // has endpoints must get a clear error, not a hang.
 TEST(UcxFork, ChildOfProcessWithEndpointsIsRefused) {
-  Pair p = Connect("ucx:tcp");
-  ASSERT_NE(p.client, nullptr);
-  fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
+  Served s = ServeOne("ucx:tcp", "", [](Endpoint*) { return 0; });
+  ASSERT_NE(s.server, nullptr);  // our worker exists now
+  pid_t pid = Spawn([]() -> int {
     auto fabric = Fabric::Open("ucx:tcp");
-    bool refused = !fabric.ok() && fabric.status().code() == absl::StatusCode::kFailedPrecondition &&
+    bool refused = !fabric.ok() &&
+                   fabric.status().code() == absl::StatusCode::kFailedPrecondition &&
                    absl::StrContains(fabric.status().message(), "fork");
-    _exit(refused ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return refused ? 0 : 1;
+  });
+  EXPECT_EQ(Reap(pid), 0);
 }
 
 // Before any endpoint exists (fabric, CQ and listener are fine), a forked
