@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "core/fd.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "core/mutex.h"
@@ -102,21 +103,6 @@ std::string OfferedProviders() {
 
 // ------------------------------------------------------------ fds
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept { reset(o.release()); return *this; }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() { int f = fd_; fd_ = -1; return f; }
-  void reset(int fd = -1) { if (fd_ >= 0) ::close(fd_); fd_ = fd; }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
 
 absl::StatusOr<sockaddr_storage> ParseHostPort(absl::string_view address, socklen_t* len) {
   std::string host(address), port = "0";
