@@ -51,6 +51,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/fd.h"
+#include "core/accept.h"
 #include "core/config.h"
 #include "core/log.h"
 #include "core/mutex.h"
@@ -1247,27 +1248,12 @@ class OfiListener final : public Listener {
   int fd() const override { return sock_.get(); }
   absl::StatusOr<std::unique_ptr<Endpoint>> Accept(CompletionQueue* cq, absl::Duration timeout) override {
     absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      sockaddr_storage ss{};
-      socklen_t sl = sizeof(ss);
-      int fd = ::accept4(sock_.get(), reinterpret_cast<sockaddr*>(&ss), &sl, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        absl::Duration hs = std::min(fabric_->settings().connect_timeout,
-                                     std::max(deadline - absl::Now(), absl::Seconds(1)));
-        return fabric_->Establish(Fd(fd), address_, FormatHostPort(ss), cq, absl::Now() + hs);
-      }
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return ErrnoError(errno, absl::StrCat("accept on ofi address ", address_, " failed"));
-      }
-      int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left <= 0) {
-        return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                         absl::StrCat("no connection arrived on ofi address ", address_), "");
-      }
-      pollfd pfd{sock_.get(), POLLIN, 0};
-      ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    }
+    sockaddr_storage peer{};
+    auto fd = AcceptUntil(sock_.get(), deadline, absl::StrCat("ofi address ", address_), 0, &peer);
+    if (!fd.ok()) return fd.status();
+    absl::Duration hs = std::min(fabric_->settings().connect_timeout,
+                                 std::max(deadline - absl::Now(), absl::Seconds(1)));
+    return fabric_->Establish(std::move(*fd), address_, FormatHostPort(peer), cq, absl::Now() + hs);
   }
 
  private:

@@ -36,19 +36,6 @@
 namespace zsock::ucx {
 namespace {
 
-// Text printed by a UCX function into a string.
-template <typename Fn>
-std::string Capture(Fn fn) {
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  if (f == nullptr) return {};
-  fn(f);
-  std::fclose(f);
-  std::string out(buf, len);
-  std::free(buf);
-  return out;
-}
 
 // The variable name at the start of a printed line "UCX_NAME=value" or
 // "UCX_NAME (deprecated)"; empty if the line is not one.
@@ -108,7 +95,7 @@ class Catalog {
       for (unsigned c = 0; c < num_components; ++c) AddComponent(components[c]);
       uct_release_component_list(components);
     }
-    std::string all = Capture([](FILE* f) {
+    std::string all = CaptureOutput([](FILE* f) {
       ucs_config_parser_print_all_opts(
           f, "UCX_",
           static_cast<ucs_config_print_flags_t>(UCS_CONFIG_PRINT_CONFIG |
@@ -128,7 +115,7 @@ class Catalog {
     }
     ucp_config_t* config = nullptr;
     if (ucp_config_read(nullptr, nullptr, &config) == UCS_OK) {
-      std::string ucp = Capture([config](FILE* f) {
+      std::string ucp = CaptureOutput([config](FILE* f) {
         ucp_config_print(config, f, nullptr,
                          static_cast<ucs_config_print_flags_t>(UCS_CONFIG_PRINT_CONFIG |
                                                                UCS_CONFIG_PRINT_HIDDEN));
@@ -351,6 +338,18 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
                                   " and UCX variables written UCX_NAME=value"));
   }
   return s;
+}
+
+std::string CaptureOutput(absl::FunctionRef<void(FILE*)> fn) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (f == nullptr) return {};
+  fn(f);
+  std::fclose(f);
+  std::string out(buf, len);
+  std::free(buf);
+  return out;
 }
 
 }  // namespace zsock::ucx

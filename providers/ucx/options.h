@@ -17,10 +17,12 @@
 #define ZSOCK_PROVIDERS_UCX_OPTIONS_H_
 
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/provider.h"
@@ -54,6 +56,9 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec);
 
 // Transport names UCX reports on this host (from its components), lower case.
 const std::vector<std::string>& AvailableTransports();
+
+// What a UCX print function (ucp_context_print_info, ...) writes, as a string.
+std::string CaptureOutput(absl::FunctionRef<void(FILE*)> fn);
 
 }  // namespace zsock::ucx
 

@@ -66,6 +66,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/accept.h"
 #include "core/fd.h"
 #include "core/log.h"
 #include "core/mutex.h"
@@ -84,19 +85,6 @@ constexpr size_t kMaxWireField = 64 * 1024;
 // ---------------------------------------------------------------- helpers
 
 
-// Text a UCX print function writes, as a string.
-template <typename Fn>
-std::string Printed(Fn fn) {
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  if (f == nullptr) return {};
-  fn(f);
-  std::fclose(f);
-  std::string out(buf, len);
-  std::free(buf);
-  return out;
-}
 
 // A UCX status as a zsock error.
 absl::Status UcsError(ucs_status_t st, absl::string_view what, absl::string_view fix = {},
@@ -647,7 +635,7 @@ class Context {
     }
     auto ctx = std::unique_ptr<Context>(new Context(handle, rma));
     // What UCX actually opened: "resource N : md M dev D flags -- tl/dev".
-    std::string info = Printed([handle](FILE* f) { ucp_context_print_info(handle, f); });
+    std::string info = CaptureOutput([handle](FILE* f) { ucp_context_print_info(handle, f); });
     for (absl::string_view line : absl::StrSplit(info, '\n')) {
       size_t p = line.find("-- ");
       if (line.find("resource") == absl::string_view::npos || p == absl::string_view::npos) {
@@ -2086,29 +2074,14 @@ class UcxListener final : public Listener {
   absl::StatusOr<std::unique_ptr<Endpoint>> Accept(CompletionQueue* cq,
                                                    absl::Duration timeout) override {
     absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      int fd = ::accept4(sock_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd >= 0) {
-        int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        absl::Duration hs = std::min(fabric_->settings().connect_timeout,
-                                     std::max(deadline - absl::Now(), absl::Seconds(1)));
-        return fabric_->Handshake(Fd(fd), cq, absl::Now() + hs);
-      }
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return ErrnoError(errno, absl::StrCat("accept on ucx address '", address_, "' failed"),
-                          errno == EMFILE ? "raise the fd limit (ulimit -n)" : "");
-      }
-      int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left_ms <= 0) {
-        return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                         absl::StrCat("no connection arrived on ucx address '", address_, "'"),
-                         "");
-      }
-      pollfd pfd{sock_.get(), POLLIN, 0};
-      ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-    }
+    auto fd = AcceptUntil(sock_.get(), deadline, absl::StrCat("ucx address '", address_, "'"),
+                          SOCK_NONBLOCK);
+    if (!fd.ok()) return fd.status();
+    int one = 1;
+    ::setsockopt(fd->get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    absl::Duration hs = std::min(fabric_->settings().connect_timeout,
+                                 std::max(deadline - absl::Now(), absl::Seconds(1)));
+    return fabric_->Handshake(std::move(*fd), cq, absl::Now() + hs);
   }
 
  private:
@@ -2506,7 +2479,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
   info.atomics = Support::kEmulated;
   {
     MutexLock lock(&w->mu);
-    std::string text = Printed([&](FILE* out) { ucp_ep_print_info(core->uep, out); });
+    std::string text = CaptureOutput([&](FILE* out) { ucp_ep_print_info(core->uep, out); });
     std::vector<Lane> lanes = ParseLanes(text);
     std::vector<std::string> parts;
     bool shm_amo = false, cma_lane = false, shm_lane = false;

@@ -40,6 +40,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/fd.h"
+#include "core/accept.h"
 #include "core/config.h"
 #include "core/mutex.h"
 #include "core/log.h"
@@ -1523,27 +1524,11 @@ class UnetListener final : public Listener {
   absl::StatusOr<std::unique_ptr<Endpoint>> Accept(CompletionQueue* cq,
                                                    absl::Duration timeout) override {
     absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      int fd = ::accept4(sock_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        absl::Duration hs = std::min(fabric_->settings().connect_timeout,
-                                     std::max(deadline - absl::Now(), absl::Seconds(1)));
-        return fabric_->Handshake(Fd(fd), address_, "", cq, absl::Now() + hs);
-      }
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return ErrnoError(errno, absl::StrCat("accept on unet address '", address_, "' failed"),
-                          errno == EMFILE ? "raise the fd limit (ulimit -n)" : "");
-      }
-      int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left_ms <= 0) {
-        return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                         absl::StrCat("no connection arrived on unet address '", address_, "'"),
-                         "");
-      }
-      pollfd pfd{sock_.get(), POLLIN, 0};
-      ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-    }
+    auto fd = AcceptUntil(sock_.get(), deadline, absl::StrCat("unet address '", address_, "'"));
+    if (!fd.ok()) return fd.status();
+    absl::Duration hs = std::min(fabric_->settings().connect_timeout,
+                                 std::max(deadline - absl::Now(), absl::Seconds(1)));
+    return fabric_->Handshake(std::move(*fd), address_, "", cq, absl::Now() + hs);
   }
 
  private:
