@@ -95,6 +95,58 @@ void BM_SendRecv(benchmark::State& state) {
 }
 BENCHMARK(BM_SendRecv)->Arg(8)->Arg(64)->Arg(1024)->Arg(4096)->Arg(65536);
 
+// One-sided read and write of `size` bytes between two registered buffers
+// (unet: cross-memory attach; others: native or core emulation).
+void BM_Rma(benchmark::State& state, OpType op) {
+  Pair p;
+  if (absl::Status s = Setup(&p); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  const size_t size = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> local(size, 0x5a), remote(size, 0xa5);
+  auto lmr = p.fabric->RegisterMemory(local.data(), size, kAccessAll);
+  auto rmr = p.fabric->RegisterMemory(remote.data(), size, kAccessAll);
+  if (!lmr.ok() || !rmr.ok()) {
+    state.SkipWithError("registration failed");
+    return;
+  }
+  RemoteKey key = (*rmr)->remote_key();
+  const uint64_t addr = reinterpret_cast<uint64_t>(remote.data());
+  std::string error;
+  for (auto _ : state) {
+    absl::Status s = op == OpType::kRead
+                         ? p.a->Read(local.data(), size, lmr->get(), addr, key, 3)
+                         : p.a->Write(local.data(), size, lmr->get(), addr, key, 3);
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      break;
+    }
+    // The target's progress serves emulated accesses.
+    Completion c;
+    bool done = false;
+    for (long spins = 0; !done && spins < 100000000; ++spins) {
+      p.cq_b->Poll(std::span<Completion>(&c, 1));
+      if (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) {
+        if (!c.status.ok()) {
+          error = c.status.ToString();
+          break;
+        }
+        done = c.op == op;
+      }
+    }
+    if (!done) {
+      state.SkipWithError(error.empty() ? "no completion" : error.c_str());
+      break;
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(size));
+  p.a->Close();
+  p.b->Close();
+}
+BENCHMARK_CAPTURE(BM_Rma, read, OpType::kRead)->Arg(4096)->Arg(65536)->Arg(1 << 20);
+BENCHMARK_CAPTURE(BM_Rma, write, OpType::kWrite)->Arg(4096)->Arg(65536)->Arg(1 << 20);
+
 // An empty poll: what a waiting thread pays per spin.
 void BM_EmptyPoll(benchmark::State& state) {
   Pair p;
