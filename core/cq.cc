@@ -49,7 +49,10 @@ void CompletionQueue::Wake() {
 }
 
 void CompletionQueue::DrainWake() {
-  if (wake_pending_.exchange(false, std::memory_order_acq_rel)) {
+  // A plain load first: the common case (nothing pending) costs no
+  // read-modify-write on a shared line.
+  if (wake_pending_.load(std::memory_order_relaxed) &&
+      wake_pending_.exchange(false, std::memory_order_acq_rel)) {
     uint64_t v;
     while (::read(wake_fd_, &v, sizeof(v)) == sizeof(v)) {}
   }
