@@ -47,6 +47,7 @@
 #include "core/mutex.h"
 #include "core/log.h"
 #include "core/provider.h"
+#include "core/sockaddr.h"
 #include "core/status.h"
 #include "providers/unet/segment.h"
 
@@ -1549,8 +1550,11 @@ bool UnetCq::ArmProvider() {
 
 class UnetListener final : public Listener {
  public:
-  UnetListener(UnetFabric* fabric, Fd sock, std::string address)
-      : fabric_(fabric), sock_(std::move(sock)), address_(std::move(address)) {}
+  UnetListener(UnetFabric* fabric, Fd sock, std::string address, Fd reservation)
+      : fabric_(fabric),
+        sock_(std::move(sock)),
+        address_(std::move(address)),
+        reservation_(std::move(reservation)) {}
 
   std::string address() const override { return address_; }
   int fd() const override { return sock_.get(); }
@@ -1569,14 +1573,40 @@ class UnetListener final : public Listener {
   UnetFabric* fabric_;
   Fd sock_;
   std::string address_;
+  Fd reservation_;  // kernel TCP socket holding the port of an IP:PORT address
 };
+
+// The unet name behind a socket address: unet reaches only this host, so
+// the port alone names the listener (the IP only has to be local).
+std::string PortName(uint16_t port) { return absl::StrCat("port/", port); }
 
 absl::StatusOr<std::unique_ptr<Listener>> UnetFabric::Listen(absl::string_view address) {
   std::string name(address);
+  std::string shown;
+  Fd reservation;
   if (name.empty()) {
     static std::atomic<uint32_t> counter{0};
     name = absl::StrCat("auto-", getpid(), "-", counter.fetch_add(1));
+  } else if (auto sa = ParseSocketAddress(address); sa.ok()) {
+    // IP:PORT (the sockets layer's form). A kernel TCP socket bound to the
+    // same address reserves the port, so port 0 gets a free one and a port
+    // in use by kernel TCP or another zsock listener is refused the way
+    // bind(2) refuses it.
+    reservation.reset(::socket(sa->family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!reservation) return ErrnoError(errno, "socket() to reserve a unet port failed");
+    if (::bind(reservation.get(), sa->get(), sa->len) != 0) {
+      int err = errno;
+      return ErrnoError(err, absl::StrCat("binding unet address ", address, " failed"),
+                        err == EADDRINUSE      ? "the port is in use on this host; pick another"
+                        : err == EADDRNOTAVAIL ? "use an address of this host (unet is host-local)"
+                                               : "");
+    }
+    shown = BoundAddress(reservation.get());
+    auto bound = ParseSocketAddress(shown);
+    if (!bound.ok()) return bound.status();
+    name = PortName(bound->port());
   }
+  if (shown.empty()) shown = name;
   socklen_t len;
   auto sa = MakeAddr(name, &len);
   if (!sa.ok()) return sa.status();
@@ -1589,14 +1619,29 @@ absl::StatusOr<std::unique_ptr<Listener>> UnetFabric::Listen(absl::string_view a
                                           : "");
   }
   if (::listen(fd, 1024) != 0) return ErrnoError(errno, "listen on a unet socket failed");
-  return std::unique_ptr<Listener>(new UnetListener(this, std::move(sock), name));
+  return std::unique_ptr<Listener>(
+      new UnetListener(this, std::move(sock), shown, std::move(reservation)));
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Connect(absl::string_view address,
                                                              CompletionQueue* cq,
                                                              absl::Duration timeout) {
+  std::string name(address);
+  if (auto ip = ParseSocketAddress(address); ip.ok()) {
+    if (ip->port() == 0 || ip->is_wildcard() || !IsLocalAddress(*ip)) {
+      return MakeError(absl::StatusCode::kUnavailable,
+                       ip->port() == 0 ? EINVAL : EHOSTUNREACH,
+                       absl::StrCat("unet cannot connect to ", address,
+                                    ip->port() == 0 ? ": port 0"
+                                                    : ": not an address of this host (unet "
+                                                      "reaches processes on this host only)"),
+                       "connect to a listening IP:PORT of this host, or use ofi:tcp;ofi_rxm or "
+                       "ucx:tcp for other hosts");
+    }
+    name = PortName(ip->port());
+  }
   socklen_t len;
-  auto sa = MakeAddr(address, &len);
+  auto sa = MakeAddr(name, &len);
   if (!sa.ok()) return sa.status();
   absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(1);
