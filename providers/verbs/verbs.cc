@@ -59,13 +59,14 @@
 #include "core/provider.h"
 #include "core/rcache.h"
 #include "core/status.h"
+#include "providers/verbs/engine.h"
 #include "providers/verbs/verbs_core.h"
 
 namespace zsock::verbs {
 namespace {
 
-constexpr uint64_t kRecvBit = uint64_t{1} << 63;
-constexpr size_t kMaxMessage = size_t{1} << 30;
+constexpr uint64_t kRecvBit = Engine::kRecvBit;
+constexpr size_t kMaxMessage = Engine::kMaxMessage;
 
 absl::Status VerbsErrno(int err, absl::string_view call, absl::string_view fix = {}) {
   return ErrnoError(err, absl::StrCat(call, " failed"), fix);
@@ -381,61 +382,20 @@ class VerbsFabric final : public Fabric {
 
 // ------------------------------------------------------------ endpoint
 
-// One operation in flight (or waiting in the backlog).
-struct Op {
-  enum Kind {
-    kMessage,   // eager message in a send slot (user, control or protocol)
-    kRts,       // rendezvous request posted; the user op ends at FIN
-    kRma,       // user RDMA read/write
-    kAtomic,    // user atomic; result in a send slot
-    kPull,      // receiver's RDMA read of a rendezvous message (one chunk)
-  };
-  Kind kind = kMessage;
-  OpType op = OpType::kSend;
-  uint64_t context = 0;
-  size_t len = 0;
-  bool user = false;          // reports a Completion
-  bool done = false;          // already reported (inline sends)
-  bool posted = false;
-  int slot = -1;              // send slot
-  int atomic_slot = -1;       // an atomic's slot, held until its result is copied
-  bool credit_update = false; // an explicit kCredit message
-  const uint8_t* src = nullptr;            // eager payload (the caller's buffer or `owned`)
-  uint8_t rts_body[kRtsBodySize] = {};     // kRts: what follows the header
-  WorkRequest wr;
-  Header header;              // for messages: filled at post time (credits)
-  bool needs_credit = false;
-  uint64_t* result = nullptr; // atomics
-  std::shared_ptr<MemoryRegion> pin;
-  std::vector<uint8_t> owned; // control-message payload kept for a rendezvous
-  std::unique_ptr<MemoryRegion> owned_mr;
-  uint64_t pull = 0;          // kPull: its rendezvous receive
-};
-
-// A rendezvous receive in progress (the receiver pulls with RDMA reads).
-struct Pull {
-  PostedRecv recv;
-  bool control = false;
-  std::vector<uint8_t> control_buf;
-  std::unique_ptr<MemoryRegion> control_mr;
-  std::shared_ptr<MemoryRegion> pin;
-  uint64_t peer_cookie = 0;
-  size_t length = 0;
-  int chunks_left = 0;
-  absl::Status status;
-};
-
-class VerbsEndpoint final : public Endpoint {
+// One RC connection: the rdma_cm id (on its own event channel), its ibv_cq
+// and QP, and the message engine (engine.h) that runs the protocol over them.
+class VerbsEndpoint final : public Endpoint, private Transport {
  public:
   VerbsEndpoint(VerbsFabric* fabric, VerbsCq* cq, rdma_cm_id* id, rdma_event_channel* ch,
                 ibv_cq* icq, uint32_t max_inline)
       : Endpoint(fabric, cq), fab_(fabric), cq_(cq), id_(id), ch_(ch), icq_(icq),
-        max_inline_(max_inline), credits_(0) {}
+        engine_(this, this, Config(fabric, max_inline)), engine_config_inline_(max_inline) {}
 
   ~VerbsEndpoint() override {
     Close();
-    cq_->Unwatch(ch_->fd);
+    if (attached_) cq_->Unwatch(ch_->fd);
     cq_->Detach(this, [&] {
+      MutexLock lock(&mu_);
       if (id_->qp != nullptr) rdma_destroy_qp(id_);
       if (icq_ != nullptr) ibv_destroy_cq(icq_);
       icq_ = nullptr;
@@ -444,947 +404,264 @@ class VerbsEndpoint final : public Endpoint {
     rdma_destroy_event_channel(ch_);
   }
 
-  // Slabs, receives and peer facts; before the connection is accepted/
-  // established (receives must be posted before the peer can send).
+  // Registers the slabs and posts receives (before the peer can send).
   absl::Status Prepare() {
-    const Settings& s = fab_->settings();
-    size_t slot = s.eager_size;
-    send_slab_.slot_size = slot;
-    send_slab_.slots = static_cast<size_t>(s.sq_depth);
-    send_slab_.mem.assign(slot * send_slab_.slots, 0);
-    auto smr = fab_->RegisterMemory(send_slab_.mem.data(), send_slab_.mem.size(),
-                                    kLocalRead | kLocalWrite);
-    if (!smr.ok()) return smr.status();
-    send_slab_.mr = std::move(*smr);
-    for (size_t i = 0; i < send_slab_.slots; ++i) free_slots_.push_back(static_cast<int>(i));
-    if (fab_->srq() == nullptr) {
-      recv_slab_.slot_size = slot;
-      recv_slab_.slots = static_cast<size_t>(s.recv_depth) + 1;  // +1: credit updates
-      recv_slab_.mem.assign(slot * recv_slab_.slots, 0);
-      auto rmr = fab_->RegisterMemory(recv_slab_.mem.data(), recv_slab_.mem.size(), kLocalWrite);
-      if (!rmr.ok()) return rmr.status();
-      recv_slab_.mr = std::move(*rmr);
-      for (size_t i = 0; i < recv_slab_.slots; ++i) {
-        if (auto st = PostRecvSlot(i); !st.ok()) return st;
-      }
-    }
-    return absl::OkStatus();
+    MutexLock lock(&mu_);
+    return engine_.Prepare();
   }
 
-  // Called once the peer's hello is known and the connection is up.
+  // The connection is up and the peer's hello known.
   void Start(const struct Hello& peer, std::string local, std::string remote) {
-    MutexLock lock(&mu_);
-    peer_ = peer;
-    credits_ = Credits((peer.flags & kHelloSrq) ? Credits::kUnlimited : peer.credits);
-    peer_eager_ = std::min<size_t>(peer.eager_size, fab_->settings().eager_size);
-    bool atomics = fab_->atomics_native() && (peer.flags & kHelloAtomics);
-    native_atomics_ = atomics;
-    info_.local_address = std::move(local);
-    info_.peer_address = std::move(remote);
-    info_.peer_on_host = false;
-    info_.rdma_read = Support::kNative;
-    info_.rdma_write = Support::kNative;
-    info_.atomics = atomics ? Support::kNative : Support::kEmulated;
-    info_.notes.push_back(absl::StrCat("verbs RC QP 0x", absl::Hex(id_->qp->qp_num), " on ",
-                                       fab_->device_name(), ", max_inline_data ", max_inline_,
-                                       ", peer credits ",
-                                       credits_.unlimited() ? std::string("unlimited (SRQ)")
-                                                            : absl::StrCat(peer.credits),
-                                       ", eager ", peer_eager_));
-    if (!atomics) {
-      info_.notes.push_back("atomics emulated: one side's HCA lacks IBV_ATOMIC_HCA/GLOB");
+    {
+      MutexLock lock(&mu_);
+      engine_.Start(peer, remote);
+      native_atomics_ = fab_->atomics_native() && (peer.flags & kHelloAtomics);
+      info_.local_address = std::move(local);
+      info_.peer_address = std::move(remote);
+      info_.peer_on_host = false;
+      info_.rdma_read = Support::kNative;
+      info_.rdma_write = Support::kNative;
+      info_.atomics = native_atomics_ ? Support::kNative : Support::kEmulated;
+      info_.notes.push_back(absl::StrCat(
+          "verbs RC QP 0x", absl::Hex(id_->qp->qp_num), " on ", fab_->device_name(),
+          ", max_inline_data ", engine_config_inline_, ", peer receive credits ",
+          (peer.flags & kHelloSrq) ? std::string("unlimited (shared receive queue)")
+                                   : absl::StrCat(peer.credits),
+          ", peer buffers ", peer.eager_size, " B"));
+      if (!native_atomics_) {
+        info_.notes.push_back("atomics emulated: one side's HCA lacks IBV_ATOMIC_HCA/GLOB");
+      }
     }
-    started_ = true;
+    attached_ = true;
     cq_->Watch(ch_->fd);
     cq_->Attach(this);
   }
 
   const EndpointInfo& info() const override { return info_; }
 
-  // ---- user operations
-
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
-    return SendMessage(buf, len, mr, context, /*control=*/false);
+    return Run([&](EngineOutput* out) { return engine_.Send(buf, len, mr, context, false, out); });
   }
-
   absl::Status SendControl(std::span<const uint8_t> msg) override {
-    return SendMessage(msg.data(), msg.size(), nullptr, 0, /*control=*/true);
+    return Run([&](EngineOutput* out) {
+      return engine_.Send(msg.data(), msg.size(), nullptr, 0, true, out);
+    });
   }
-
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
-    std::vector<Completion> out;
-    absl::Status st;
-    {
-      MutexLock lock(&mu_);
-      if (closed_) return ClosedError();
-      PostedRecv r{buf, len, mr, context};
-      if (dead_ && matcher_.waiting_messages() == 0) return dead_status_;
-      if (auto m = matcher_.Post(r)) {
-        st = HandleMatchLocked(std::move(*m), &out);
-      }
-      Pump(&out);
-    }
-    for (auto& c : out) cq_->Push(std::move(c));
-    if (!out.empty()) cq_->Wake();
-    return st;
+    return Run([&](EngineOutput* out) { return engine_.PostRecv(buf, len, mr, context, out); });
   }
-
   absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
                     const RemoteKey& rkey, uint64_t context) override {
-    return Rma(WrKind::kRdmaRead, local, len, mr, remote_addr, rkey, context);
+    return Run([&](EngineOutput* out) {
+      return engine_.Rma(WrKind::kRdmaRead, local, len, mr, remote_addr, rkey, context, out);
+    });
   }
   absl::Status Write(const void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
                      const RemoteKey& rkey, uint64_t context) override {
-    return Rma(WrKind::kRdmaWrite, const_cast<void*>(local), len, mr, remote_addr, rkey, context);
+    return Run([&](EngineOutput* out) {
+      return engine_.Rma(WrKind::kRdmaWrite, const_cast<void*>(local), len, mr, remote_addr, rkey,
+                         context, out);
+    });
   }
-
   absl::Status FetchAdd(uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
                         uint64_t add, uint64_t context) override {
     if (!native_atomics_) return Endpoint::FetchAdd(result, remote_addr, rkey, add, context);
-    return Atomic(WrKind::kFetchAdd, result, remote_addr, rkey, add, 0, context);
+    return Run([&](EngineOutput* out) {
+      return engine_.Atomic(WrKind::kFetchAdd, result, remote_addr, rkey, add, 0, context, out);
+    });
   }
   absl::Status CompareSwap(uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
                            uint64_t compare, uint64_t swap, uint64_t context) override {
     if (!native_atomics_) {
       return Endpoint::CompareSwap(result, remote_addr, rkey, compare, swap, context);
     }
-    return Atomic(WrKind::kCompareSwap, result, remote_addr, rkey, compare, swap, context);
+    return Run([&](EngineOutput* out) {
+      return engine_.Atomic(WrKind::kCompareSwap, result, remote_addr, rkey, compare, swap,
+                            context, out);
+    });
   }
 
-  // Graceful close: tells the peer how many messages we sent, waits (up to
-  // one second) for our rendezvous sends to be pulled, disconnects, and
-  // fails what is left with Cancelled.
+  // Graceful close: tells the peer how many messages we sent, lets our
+  // rendezvous sends be pulled (up to one second), disconnects, and fails
+  // what is left with Cancelled.
   void Close() override {
     {
       MutexLock lock(&mu_);
-      if (closed_) return;
-      if (!started_) {  // never connected: nothing to tell the peer
-        closed_ = dead_ = true;
-        dead_status_ = ClosedError();
-        return;
-      }
-      if (!dead_) {
-        auto op = std::make_unique<Op>();
-        op->kind = Op::kMessage;
-        op->header.type = MsgType::kClose;
-        op->header.aux = user_sent_;
-        op->needs_credit = true;
-        std::vector<Completion> ignored;
-        Enqueue(std::move(op), &ignored);
-      }
+      if (engine_.closed()) return;
+      EngineOutput ignored;
+      engine_.QueueClose(&ignored);
+      Deliver(std::move(ignored));
     }
     const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
     for (;;) {
-      std::vector<Completion> out;
-      std::vector<std::vector<uint8_t>> control;
+      EngineOutput out;
       bool idle;
       {
         MutexLock lock(&mu_);
-        ProgressLocked(&out, &control);
-        idle = dead_ || (backlog_.empty() && rts_waiting_ == 0 && ops_.empty());
+        engine_.Progress(&out);
+        idle = engine_.Idle();
       }
-      for (auto& c : out) cq_->Push(std::move(c));
+      Deliver(std::move(out));
       if (idle || absl::GetCurrentTimeNanos() > deadline) break;
       sched_yield();
     }
     rdma_disconnect(id_);
-    Shutdown(MakeError(absl::StatusCode::kCancelled, ECANCELED, "the endpoint was closed"),
-             /*closed=*/true);
+    EngineOutput out;
+    {
+      MutexLock lock(&mu_);
+      engine_.Fail(MakeError(absl::StatusCode::kCancelled, ECANCELED, "the endpoint was closed"),
+                   /*closed=*/true, &out);
+    }
+    Deliver(std::move(out));
   }
 
-  // ---- progress (VerbsCq)
+  // ---- for VerbsCq (its list lock held)
 
-  // Polls this endpoint's CQ and CM channel; completions and control
-  // messages go to `out` / `control` for the caller to deliver unlocked.
-  size_t Progress(std::vector<Completion>* out,
-                  std::vector<std::pair<VerbsEndpoint*, std::vector<uint8_t>>>* control) {
-    std::vector<std::vector<uint8_t>> ctl;
+  size_t Progress(std::vector<std::pair<VerbsEndpoint*, EngineOutput>>* outs) {
+    EngineOutput out;
     size_t n;
     {
       MutexLock lock(&mu_);
-      n = ProgressLocked(out, &ctl);
+      n = engine_.Progress(&out);
     }
-    n += CheckCm(out);
-    for (auto& m : ctl) control->emplace_back(this, std::move(m));
+    n += CheckCm(&out);
+    outs->emplace_back(this, std::move(out));
     return n;
   }
 
-  // Arms the ibv_cq; false if completions are already there (they are kept
-  // for the next Progress).
+  // Re-arms the ibv_cq; false if completions are already there (kept for
+  // the next Progress).
   bool Arm() {
     MutexLock lock(&mu_);
-    if (icq_ == nullptr || dead_) return true;
-    if (!stash_.empty()) return false;
+    if (icq_ == nullptr || engine_.dead()) return true;
+    if (engine_.has_stash()) return false;
     if (ibv_req_notify_cq(icq_, 0) != 0) return false;
     ibv_wc wc[16];
     int got = ibv_poll_cq(icq_, 16, wc);
-    for (int i = 0; i < got; ++i) stash_.push_back(wc[i]);
+    for (int i = 0; i < got; ++i) engine_.Stash(wc[i]);
     return got <= 0;
   }
 
+  // Pushes completions and runs control messages and emulation failures,
+  // without the endpoint's lock.
+  void Deliver(EngineOutput out) {
+    for (auto& c : out.completions) cq_->Push(std::move(c));
+    for (auto& m : out.control) DeliverControl(m);
+    if (out.fail_emulated) {
+      absl::Status why;
+      {
+        MutexLock lock(&mu_);
+        why = engine_.dead_status();
+      }
+      FailEmulated(why);
+    }
+  }
+
  private:
-  static absl::Status ClosedError() {
-    return MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
-                     "operation on a closed verbs endpoint", "connect a new endpoint");
-  }
-
-  size_t eager_payload() const { return peer_eager_ - kHeaderSize; }
-
-  // The lkey (and, for rendezvous, rkey) of a local buffer: the caller's
-  // region when it grants `access`, else a registration from the cache,
-  // pinned by the op.
-  absl::Status LocalKeys(const void* buf, size_t len, MemoryRegion* mr, uint32_t access,
-                         Op* op, uint32_t* lkey, uint32_t* rkey) {
-    if (mr != nullptr && (mr->access() & access) == access) {
-      *lkey = LkeyOf(mr);
-      if (rkey != nullptr) {
-        auto k = DecodeKeyBlob(mr->remote_key().blob);
-        if (!k.ok()) return k.status();
-        *rkey = *k;
-      }
-      return absl::OkStatus();
-    }
-    auto reg = fab_->rcache().Get(const_cast<void*>(buf), len, access);
-    if (!reg.ok()) return reg.status();
-    op->pin = *reg;
-    *lkey = LkeyOf(op->pin.get());
-    if (rkey != nullptr) {
-      auto k = DecodeKeyBlob(op->pin->remote_key().blob);
-      if (!k.ok()) return k.status();
-      *rkey = *k;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status SendMessage(const void* buf, size_t len, MemoryRegion* mr, uint64_t context,
-                           bool control) {
-    if (len > kMaxMessage) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
-                       absl::StrCat("message of ", len, " bytes exceeds verbs' ", kMaxMessage),
-                       "split it");
-    }
-    std::vector<Completion> out;
-    absl::Status st;
-    {
-      MutexLock lock(&mu_);
-      if (closed_) return ClosedError();
-      if (dead_) return dead_status_;
-      auto op = std::make_unique<Op>();
-      op->op = OpType::kSend;
-      op->context = context;
-      op->len = len;
-      op->user = !control;
-      op->needs_credit = true;
-      op->header.flags = control ? kMsgControl : 0;
-      if (len <= eager_payload()) {
-        op->kind = Op::kMessage;
-        op->header.type = MsgType::kEager;
-        op->header.length = static_cast<uint32_t>(len);
-        if (control) {
-          op->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
-          op->src = op->owned.data();
-        } else {
-          op->src = static_cast<const uint8_t*>(buf);  // valid until the completion
-        }
-      } else {
-        op->kind = Op::kRts;
-        op->header.type = MsgType::kRts;
-        op->header.cookie = next_cookie_++;
-        RtsBody body;
-        body.length = len;
-        uint32_t lkey = 0;
-        if (control) {
-          op->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
-          auto reg = fab_->RegisterMemory(op->owned.data(), len, kLocalRead | kRemoteRead);
-          if (!reg.ok()) return reg.status();
-          op->owned_mr = std::move(*reg);
-          body.addr = reinterpret_cast<uint64_t>(op->owned.data());
-          auto k = DecodeKeyBlob(op->owned_mr->remote_key().blob);
-          if (!k.ok()) return k.status();
-          body.rkey = *k;
-        } else {
-          body.addr = reinterpret_cast<uint64_t>(buf);
-          if (auto s = LocalKeys(buf, len, mr, kLocalRead | kRemoteRead, op.get(), &lkey, &body.rkey);
-              !s.ok()) {
-            return s;
-          }
-        }
-        EncodeRts(body, op->rts_body);
-      }
-      if (!control) ++user_sent_;
-      Enqueue(std::move(op), &out);
-    }
-    for (auto& c : out) cq_->Push(std::move(c));
-    return st;
-  }
-
-  absl::Status Rma(WrKind kind, void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
-                   const RemoteKey& rkey, uint64_t context) {
-    const bool read = kind == WrKind::kRdmaRead;
-    auto key = CheckRemote(rkey, remote_addr, len, read ? kRemoteRead : kRemoteWrite, false);
-    if (!key.ok()) return key.status();
-    if (len > fab_->max_msg_sz()) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
-                       absl::StrCat("RDMA ", read ? "read" : "write", " of ", len,
-                                    " bytes exceeds the port's max_msg_sz ", fab_->max_msg_sz()),
-                       "split the transfer");
-    }
-    std::vector<Completion> out;
-    {
-      MutexLock lock(&mu_);
-      if (closed_) return ClosedError();
-      if (dead_) return dead_status_;
-      auto op = std::make_unique<Op>();
-      op->kind = Op::kRma;
-      op->op = read ? OpType::kRead : OpType::kWrite;
-      op->context = context;
-      op->len = len;
-      op->user = true;
-      op->wr.kind = kind;
-      op->wr.local_addr = reinterpret_cast<uint64_t>(local);
-      op->wr.length = static_cast<uint32_t>(len);
-      op->wr.remote_addr = remote_addr;
-      op->wr.rkey = *key;
-      // Small writes go inline: no registration needed.
-      if (len > 0 && (read || len > max_inline_)) {
-        if (auto st = LocalKeys(local, len, mr, read ? kLocalWrite : kLocalRead, op.get(),
-                                &op->wr.lkey, nullptr);
-            !st.ok()) {
-          return st;
-        }
-      }
-      Enqueue(std::move(op), &out);
-    }
-    for (auto& c : out) cq_->Push(std::move(c));
-    return absl::OkStatus();
-  }
-
-  absl::Status Atomic(WrKind kind, uint64_t* result, uint64_t remote_addr, const RemoteKey& rkey,
-                      uint64_t a, uint64_t b, uint64_t context) {
-    auto key = CheckRemote(rkey, remote_addr, 8, kRemoteAtomic, true);
-    if (!key.ok()) return key.status();
-    std::vector<Completion> out;
-    {
-      MutexLock lock(&mu_);
-      if (closed_) return ClosedError();
-      if (dead_) return dead_status_;
-      auto op = std::make_unique<Op>();
-      op->kind = Op::kAtomic;
-      op->op = kind == WrKind::kFetchAdd ? OpType::kFetchAdd : OpType::kCompareSwap;
-      op->context = context;
-      op->len = 8;
-      op->user = true;
-      op->result = result;
-      op->wr.kind = kind;
-      op->wr.length = 8;
-      op->wr.remote_addr = remote_addr;
-      op->wr.rkey = *key;
-      op->wr.compare_add = a;
-      op->wr.swap = b;
-      Enqueue(std::move(op), &out);
-    }
-    for (auto& c : out) cq_->Push(std::move(c));
-    return absl::OkStatus();
-  }
-
-  // ---- posting
-
-  void Enqueue(std::unique_ptr<Op> op, std::vector<Completion>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    backlog_.push_back(std::move(op));
-    Pump(out);
-  }
-
-  // Posts from the backlog, in order, while the send queue, send slots and
-  // the peer's credits allow.
-  void Pump(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    while (!backlog_.empty() && !dead_) {
-      Op* op = backlog_.front().get();
-      const bool message = op->kind == Op::kMessage || op->kind == Op::kRts;
-      const bool needs_slot = message || op->kind == Op::kAtomic;
-      if (sq_used_ >= static_cast<size_t>(fab_->settings().sq_depth)) return;
-      if (needs_slot && free_slots_.empty()) return;
-      if (op->needs_credit && !credits_.Take()) return;
-      std::unique_ptr<Op> owned = std::move(backlog_.front());
-      backlog_.pop_front();
-      absl::Status st = PostLocked(owned.get());
-      if (!st.ok()) {
-        if (owned->needs_credit) credits_.Grant(1);
-        const bool pull = owned->kind == Op::kPull;
-        Fail(std::move(owned), st, out);
-        // A refused post means the QP is unusable (or, for a pull, that the
-        // receive can never finish): the connection ends.
-        if (pull || StatusErrno(st) != EINVAL) Die(st, out);
-        continue;
-      }
-      if (owned->done && owned->user) {
-        // Inline send: the data was copied at post time.
-        out->push_back(Done(owned.get(), absl::OkStatus(), owned->len));
-        owned->user = false;
-      }
-      const uint64_t id = next_wr_++;
-      ops_.emplace(id, std::move(owned));
-      (void)id;
-    }
-  }
-
-  absl::Status PostLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    WorkRequest wr = op->wr;
-    wr.wr_id = next_wr_;
-    if (op->kind == Op::kMessage || op->kind == Op::kRts || op->kind == Op::kAtomic) {
-      op->slot = free_slots_.front();
-      free_slots_.pop_front();
-    }
-    if (op->kind == Op::kMessage || op->kind == Op::kRts) {
-      op->header.credits = credits_.TakeReturn();
-      uint8_t* p = send_slab_.slot(static_cast<size_t>(op->slot));
-      EncodeHeader(op->header, p);
-      size_t body = op->kind == Op::kRts ? kRtsBodySize : op->header.length;
-      const uint8_t* src = op->kind == Op::kRts ? op->rts_body : op->src;
-      if (body > 0) std::memcpy(p + kHeaderSize, src, body);
-      wr.kind = WrKind::kSend;
-      wr.local_addr = reinterpret_cast<uint64_t>(p);
-      wr.length = static_cast<uint32_t>(kHeaderSize + body);
-      wr.lkey = send_slab_.lkey();
-      if (op->kind == Op::kMessage && op->user && wr.length <= max_inline_) op->done = true;
-      if (op->kind == Op::kRts) ++rts_waiting_;
-    } else if (op->kind == Op::kAtomic) {
-      wr.local_addr = reinterpret_cast<uint64_t>(send_slab_.slot(static_cast<size_t>(op->slot)));
-      wr.lkey = send_slab_.lkey();
-    }
-    ibv_send_wr swr;
-    ibv_sge sge;
-    if (auto st = BuildSendWr(wr, max_inline_, fab_->max_msg_sz(), &swr, &sge); !st.ok()) {
-      ReleaseSlot(op);
-      if (op->kind == Op::kRts) --rts_waiting_;
-      op->done = false;
-      return st;
-    }
-    ibv_send_wr* bad = nullptr;
-    int rc = ibv_post_send(id_->qp, &swr, &bad);
-    if (rc != 0) {
-      ReleaseSlot(op);
-      if (op->kind == Op::kRts) --rts_waiting_;
-      op->done = false;
-      return ErrnoError(rc, "ibv_post_send", rc == ENOMEM ? "the send queue is full (a zsock bug: "
-                                                              "it tracks the depth)"
-                                                            : "the QP is in an error state; reconnect");
-    }
-    ++sq_used_;
-    op->posted = true;
-    return absl::OkStatus();
-  }
-
-  void ReleaseSlot(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (op->slot >= 0) free_slots_.push_back(op->slot);
-    op->slot = -1;
-  }
-
-  absl::Status PostRecvSlot(size_t i) {
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<uint64_t>(recv_slab_.slot(i));
-    sge.length = static_cast<uint32_t>(recv_slab_.slot_size);
-    sge.lkey = recv_slab_.lkey();
-    ibv_recv_wr wr{};
-    wr.wr_id = kRecvBit | i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    int rc = ibv_post_recv(id_->qp, &wr, &bad);
-    if (rc != 0) return ErrnoError(rc, "ibv_post_recv");
-    return absl::OkStatus();
-  }
-
-  Completion Done(Op* op, absl::Status st, size_t len) {
-    Completion c;
-    c.context = op->context;
-    c.op = op->op;
-    c.endpoint = this;
-    c.length = st.ok() ? len : 0;
-    c.status = std::move(st);
+  static EngineConfig Config(VerbsFabric* f, uint32_t max_inline) {
+    EngineConfig c;
+    c.sq_depth = f->settings().sq_depth;
+    c.recv_depth = f->settings().recv_depth;
+    c.eager_size = f->settings().eager_size;
+    c.max_inline = max_inline;
+    c.max_msg_sz = f->max_msg_sz();
+    c.srq = f->srq() != nullptr;
+    c.srq_slot_size = f->srq_slab().slot_size;
     return c;
   }
 
-  void Fail(std::unique_ptr<Op> op, const absl::Status& st, std::vector<Completion>* out) {
-    if (op->user && !op->done) out->push_back(Done(op.get(), st, 0));
+  // Runs one operation on the engine and delivers what it produced.
+  template <typename Fn>
+  absl::Status Run(Fn fn) {
+    EngineOutput out;
+    absl::Status st;
+    {
+      MutexLock lock(&mu_);
+      st = fn(&out);
+    }
+    const bool woke = !out.completions.empty();
+    Deliver(std::move(out));
+    if (woke) cq_->Wake();  // completions made outside Progress
+    return st;
   }
 
-  // ---- completions
-
-  size_t ProgressLocked(std::vector<Completion>* out, std::vector<std::vector<uint8_t>>* control)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (icq_ == nullptr) return 0;
-    size_t n = 0;
-    std::vector<ibv_wc> wcs;
-    wcs.swap(stash_);
-    for (;;) {
-      ibv_wc batch[32];
-      int got = dead_ && closed_ ? 0 : ibv_poll_cq(icq_, 32, batch);
-      for (int i = 0; i < got; ++i) wcs.push_back(batch[i]);
-      for (const ibv_wc& wc : wcs) HandleWc(wc, out, control);
-      n += wcs.size();
-      wcs.clear();
-      if (got < 32) break;
-    }
-    Pump(out);
-    return n;
+  // Transport (called by the engine with mu_ held).
+  int PostSend(ibv_send_wr* wr) override {
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(id_->qp, wr, &bad);
   }
-
-  void HandleWc(const ibv_wc& wc, std::vector<Completion>* out,
-                std::vector<std::vector<uint8_t>>* control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (wc.wr_id & kRecvBit) {
-      HandleRecv(wc, out, control);
-      return;
-    }
-    auto it = ops_.find(wc.wr_id);
-    if (it == ops_.end()) return;
-    std::unique_ptr<Op> op = std::move(it->second);
-    ops_.erase(it);
-    --sq_used_;
-    ReleaseSlotKeep(op.get());
-    if (wc.status != IBV_WC_SUCCESS) {
-      absl::Status st = wc.status == IBV_WC_WR_FLUSH_ERR && !dead_status_.ok()
-                            ? dead_status_
-                            : WcError(wc.status, wc.vendor_err, OpName(op.get()));
-      if (op->kind == Op::kRts) --rts_waiting_;
-      if (op->kind == Op::kAtomic) free_slots_.push_back(op->atomic_slot);
-      if (op->credit_update) credit_update_posted_ = false;
-      if (op->kind == Op::kPull) {
-        FinishPull(op->pull, st, out, control);
-      } else {
-        Fail(std::move(op), st, out);
-      }
-      // An RC QP is in the error state after any failed work request.
-      Die(st, out);
-      return;
-    }
-    switch (op->kind) {
-      case Op::kMessage:
-        if (op->credit_update) credit_update_posted_ = false;
-        if (op->user && !op->done) out->push_back(Done(op.get(), absl::OkStatus(), op->len));
-        break;
-      case Op::kRts:
-        if (fin_early_.erase(op->header.cookie) > 0) {
-          --rts_waiting_;
-          if (op->user) out->push_back(Done(op.get(), absl::OkStatus(), op->len));
-        } else {
-          rts_[op->header.cookie] = std::move(op);  // completes at FIN
-        }
-        break;
-      case Op::kRma:
-        out->push_back(Done(op.get(), absl::OkStatus(), op->len));
-        break;
-      case Op::kAtomic:
-        if (op->result != nullptr) {
-          std::memcpy(op->result, send_slab_.slot(static_cast<size_t>(op->atomic_slot)), 8);
-        }
-        free_slots_.push_back(op->atomic_slot);
-        out->push_back(Done(op.get(), absl::OkStatus(), 8));
-        break;
-      case Op::kPull:
-        FinishPull(op->pull, absl::OkStatus(), out, control);
-        break;
-    }
+  int PostRecv(ibv_recv_wr* wr) override {
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(id_->qp, wr, &bad);
   }
-
-  // Send slots return at the work completion, except an atomic's, which
-  // holds the result until it is copied out.
-  void ReleaseSlotKeep(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (op->kind == Op::kAtomic) {
-      op->atomic_slot = op->slot;
-      op->slot = -1;
-      return;
-    }
-    ReleaseSlot(op);
+  int Poll(int n, ibv_wc* wc) override { return icq_ == nullptr ? 0 : ibv_poll_cq(icq_, n, wc); }
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len,
+                                                         uint32_t access) override {
+    return fab_->RegisterMemory(addr, len, access);
   }
-
-  static const char* OpName(const Op* op) {
-    switch (op->kind) {
-      case Op::kMessage: return "send";
-      case Op::kRts: return "rendezvous request";
-      case Op::kRma: return op->op == OpType::kRead ? "RDMA read" : "RDMA write";
-      case Op::kAtomic: return op->op == OpType::kFetchAdd ? "atomic fetch-add" : "atomic compare-swap";
-      case Op::kPull: return "rendezvous RDMA read";
-    }
-    return "operation";
+  absl::StatusOr<std::shared_ptr<MemoryRegion>> Pin(void* addr, size_t len,
+                                                    uint32_t access) override {
+    return fab_->rcache().Get(addr, len, access);
   }
+  const uint8_t* SrqBuffer(size_t slot) override { return fab_->srq_slab().slot(slot); }
+  void RepostSrq(size_t slot) override { fab_->RepostSrq(slot); }
 
-  void HandleRecv(const ibv_wc& wc, std::vector<Completion>* out,
-                  std::vector<std::vector<uint8_t>>* control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t slot = wc.wr_id & ~kRecvBit;
-    const bool srq = fab_->srq() != nullptr;
-    if (wc.status != IBV_WC_SUCCESS) {
-      if (wc.status != IBV_WC_WR_FLUSH_ERR) {
-        Die(WcError(wc.status, wc.vendor_err, "receive"), out);
-      } else if (srq) {
-        fab_->RepostSrq(slot);  // an SRQ buffer flushed by our QP stays usable
-      }
-      return;
-    }
-    Slab& slab = srq ? fab_->srq_slab() : recv_slab_;
-    const uint8_t* p = slab.slot(slot);
-    auto h = DecodeHeader(p, wc.byte_len, slab.slot_size);
-    if (!h.ok()) {
-      if (srq) fab_->RepostSrq(slot);
-      Die(h.status(), out);
-      return;
-    }
-    credits_.Grant(h->credits);
-    bool control_msg = h->flags & kMsgControl;
-    switch (h->type) {
-      case MsgType::kEager:
-        if (control_msg) {
-          control->emplace_back(p + kHeaderSize, p + kHeaderSize + h->length);
-        } else {
-          ++user_received_;
-          Arrival a;
-          a.data.assign(p + kHeaderSize, p + kHeaderSize + h->length);
-          if (auto m = matcher_.Arrive(std::move(a))) HandleMatchLocked(std::move(*m), out).IgnoreError();
-        }
-        break;
-      case MsgType::kRts: {
-        Arrival a;
-        a.rendezvous = true;
-        a.rts = DecodeRts(p + kHeaderSize);
-        a.cookie = h->cookie;
-        if (control_msg) {
-          StartControlPull(std::move(a), out, control);
-        } else {
-          ++user_received_;
-          if (auto m = matcher_.Arrive(std::move(a))) HandleMatchLocked(std::move(*m), out).IgnoreError();
-        }
-        break;
-      }
-      case MsgType::kFin: {
-        auto it = rts_.find(h->cookie);
-        if (it != rts_.end()) {
-          std::unique_ptr<Op> op = std::move(it->second);
-          rts_.erase(it);
-          --rts_waiting_;
-          // A receiver that discarded the message (too long for its
-          // receive) still consumed it: the send itself succeeded.
-          if (op->user) out->push_back(Done(op.get(), absl::OkStatus(), op->len));
-        } else {
-          // The FIN overtook the rendezvous request's own completion.
-          fin_early_.insert(h->cookie);
-        }
-        break;
-      }
-      case MsgType::kCredit:
-        break;
-      case MsgType::kClose:
-        peer_closed_ = true;
-        peer_sent_ = h->aux;
-        break;
-    }
-    if (srq) {
-      fab_->RepostSrq(slot);
-    } else if (!dead_) {
-      if (auto st = PostRecvSlot(slot); !st.ok()) {
-        Die(st, out);
-        return;
-      }
-      if (credits_.Returned(static_cast<uint32_t>(fab_->settings().recv_depth)) && backlog_.empty() &&
-          !credit_update_posted_) {
-        SendCreditUpdate(out);
-      }
-    }
-  }
-
-  // An explicit credit update uses the receive buffer the peer reserves for
-  // it (one in flight at a time).
-  void SendCreditUpdate(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (sq_used_ >= static_cast<size_t>(fab_->settings().sq_depth) || free_slots_.empty()) return;
-    auto op = std::make_unique<Op>();
-    op->kind = Op::kMessage;
-    op->header.type = MsgType::kCredit;
-    op->credit_update = true;
-    if (PostLocked(op.get()).ok()) {
-      credit_update_posted_ = true;
-      ops_.emplace(next_wr_++, std::move(op));
-    }
-  }
-
-  // A user message met a posted receive.
-  absl::Status HandleMatchLocked(Match m, std::vector<Completion>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Op tmp;
-    tmp.op = OpType::kRecv;
-    tmp.context = m.recv.context;
-    if (m.truncated) {
-      size_t len = m.msg.rendezvous ? m.msg.rts.length : m.msg.data.size();
-      out->push_back(Done(&tmp,
-                          MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
-                                    absl::StrCat("a message of ", len, " bytes met a receive of ",
-                                                 m.recv.len, " bytes and was discarded"),
-                                    "post receive buffers as large as the largest message"),
-                          0));
-      if (m.msg.rendezvous) SendFin(m.msg.cookie, EMSGSIZE, out);
-      return absl::OkStatus();
-    }
-    if (!m.msg.rendezvous) {
-      if (!m.msg.data.empty()) std::memcpy(m.recv.buf, m.msg.data.data(), m.msg.data.size());
-      out->push_back(Done(&tmp, absl::OkStatus(), m.msg.data.size()));
-      return absl::OkStatus();
-    }
-    if (dead_) {
-      out->push_back(Done(&tmp, dead_status_, 0));
-      return absl::OkStatus();
-    }
-    auto pull = std::make_unique<Pull>();
-    pull->recv = m.recv;
-    pull->peer_cookie = m.msg.cookie;
-    pull->length = m.msg.rts.length;
-    uint32_t lkey = 0;
-    auto holder = std::make_unique<Op>();
-    if (auto st = LocalKeys(m.recv.buf, pull->length, m.recv.mr, kLocalWrite, holder.get(), &lkey,
-                            nullptr);
-        !st.ok()) {
-      out->push_back(Done(&tmp, st, 0));
-      SendFin(m.msg.cookie, StatusErrno(st), out);
-      return absl::OkStatus();
-    }
-    pull->pin = holder->pin;
-    StartPull(std::move(pull), reinterpret_cast<uint64_t>(m.recv.buf), lkey, m.msg.rts, out);
-    return absl::OkStatus();
-  }
-
-  void StartControlPull(Arrival a, std::vector<Completion>* out,
-                        std::vector<std::vector<uint8_t>>* control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto pull = std::make_unique<Pull>();
-    pull->control = true;
-    pull->peer_cookie = a.cookie;
-    pull->length = a.rts.length;
-    if (a.rts.length > kMaxMessage) {
-      SendFin(a.cookie, EMSGSIZE, out);
-      return;
-    }
-    pull->control_buf.resize(a.rts.length);
-    auto reg = fab_->RegisterMemory(pull->control_buf.data(), a.rts.length, kLocalWrite);
-    if (!reg.ok()) {
-      SendFin(a.cookie, StatusErrno(reg.status()), out);
-      return;
-    }
-    pull->control_mr = std::move(*reg);
-    uint32_t lkey = LkeyOf(pull->control_mr.get());
-    uint64_t addr = reinterpret_cast<uint64_t>(pull->control_buf.data());
-    StartPull(std::move(pull), addr, lkey, a.rts, out);
-  }
-
-  // RDMA-reads a rendezvous message in chunks of at most max_msg_sz.
-  void StartPull(std::unique_ptr<Pull> pull, uint64_t local, uint32_t lkey, const RtsBody& rts,
-                 std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t id = next_pull_++;
-    const size_t chunk = fab_->max_msg_sz();
-    size_t off = 0;
-    int chunks = 0;
-    do {
-      size_t n = std::min(chunk, rts.length - off);
-      auto op = std::make_unique<Op>();
-      op->kind = Op::kPull;
-      op->pull = id;
-      op->wr.kind = WrKind::kRdmaRead;
-      op->wr.local_addr = local + off;
-      op->wr.length = static_cast<uint32_t>(n);
-      op->wr.lkey = lkey;
-      op->wr.remote_addr = rts.addr + off;
-      op->wr.rkey = rts.rkey;
-      backlog_.push_back(std::move(op));
-      off += n;
-      ++chunks;
-    } while (off < rts.length);
-    pull->chunks_left = chunks;
-    pulls_[id] = std::move(pull);
-    Pump(out);
-  }
-
-  void FinishPull(uint64_t id, const absl::Status& st, std::vector<Completion>* out,
-                  std::vector<std::vector<uint8_t>>* control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = pulls_.find(id);
-    if (it == pulls_.end()) return;
-    Pull* p = it->second.get();
-    if (!st.ok() && p->status.ok()) p->status = st;
-    if (--p->chunks_left > 0) return;
-    std::unique_ptr<Pull> pull = std::move(it->second);
-    pulls_.erase(it);
-    if (pull->control) {
-      if (pull->status.ok()) control->push_back(std::move(pull->control_buf));
-    } else {
-      Op tmp;
-      tmp.op = OpType::kRecv;
-      tmp.context = pull->recv.context;
-      out->push_back(Done(&tmp, pull->status, pull->length));
-    }
-    if (!dead_) SendFin(pull->peer_cookie, StatusErrno(pull->status), out);
-  }
-
-  void SendFin(uint64_t cookie, int err, std::vector<Completion>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto op = std::make_unique<Op>();
-    op->kind = Op::kMessage;
-    op->header.type = MsgType::kFin;
-    op->header.cookie = cookie;
-    op->header.aux = static_cast<uint64_t>(err);
-    op->needs_credit = true;
-    backlog_.push_back(std::move(op));
-    Pump(out);
-  }
-
-  // ---- connection events and teardown
-
-  size_t CheckCm(std::vector<Completion>* out) {
+  // Connection events: a disconnect (the peer closed, exited or was
+  // killed: its kernel destroys the id and sends a DREQ) ends the
+  // connection after everything already delivered is taken.
+  size_t CheckCm(EngineOutput* out) {
     size_t n = 0;
     for (;;) {
       rdma_cm_event* ev = nullptr;
       if (rdma_get_cm_event(ch_, &ev) != 0) break;
-      rdma_cm_event_type type = ev->event;
+      const rdma_cm_event_type type = ev->event;
       rdma_ack_cm_event(ev);
       ++n;
-      if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_DEVICE_REMOVAL ||
-          type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
-        // Everything the peer's HCA had delivered is in our CQ: take it first.
-        {
-          MutexLock lock(&mu_);
-          std::vector<std::vector<uint8_t>> ignored;
-          ProgressLocked(out, &ignored);
-        }
-        Shutdown(MakeError(absl::StatusCode::kAborted, ECONNRESET,
-                           absl::StrCat("the verbs peer ", info_.peer_address,
-                                        type == RDMA_CM_EVENT_DEVICE_REMOVAL
-                                            ? ": the RDMA device was removed"
-                                            : peer_closed_ ? " closed the connection"
-                                                           : " disconnected (it exited or was killed)"),
-                           "reconnect"),
-                 /*closed=*/false, out);
+      if (type != RDMA_CM_EVENT_DISCONNECTED && type != RDMA_CM_EVENT_DEVICE_REMOVAL &&
+          type != RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+        continue;
       }
+      MutexLock lock(&mu_);
+      engine_.Progress(out);
+      if (engine_.dead()) continue;
+      engine_.Fail(
+          MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                    absl::StrCat("the verbs peer ", info_.peer_address,
+                                 type == RDMA_CM_EVENT_DEVICE_REMOVAL ? ": the RDMA device was removed"
+                                 : engine_.peer_closed()              ? " closed the connection"
+                                                         : " disconnected (it exited or was killed)"),
+                    "reconnect"),
+          /*closed=*/false, out);
     }
     return n;
   }
-
-  // Marks the connection dead after a failed work request (the QP is in the
-  // error state) and fails everything outstanding.
-  void Die(const absl::Status& why, std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (dead_) return;
-    dead_ = true;
-    dead_status_ = MakeError(absl::StatusCode::kAborted, ECONNRESET,
-                             absl::StrCat("the verbs connection to ", info_.peer_address,
-                                          " failed: ", why.message()),
-                             "reconnect");
-    ZS_LOG(kInfo, "verbs endpoint to %s is down: %s", info_.peer_address, why.ToString());
-    FailAllLocked(dead_status_, out);
-    pending_fail_emulated_ = true;
-  }
-
-  void FailAllLocked(const absl::Status& why, std::vector<Completion>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (auto& op : backlog_) Fail(std::move(op), why, out);
-    backlog_.clear();
-    for (auto& [id, op] : rts_) Fail(std::move(op), why, out);
-    rts_.clear();
-    rts_waiting_ = 0;
-    for (auto& [id, op] : ops_) {
-      if (op->kind != Op::kPull) Fail(std::move(op), why, out);
-    }
-    ops_.clear();
-    for (auto& [id, pull] : pulls_) {
-      if (!pull->control) {
-        Op tmp;
-        tmp.op = OpType::kRecv;
-        tmp.context = pull->recv.context;
-        out->push_back(Done(&tmp, why, 0));
-      }
-    }
-    pulls_.clear();
-    // Receives waiting for messages fail; messages already here stay for
-    // receives posted later (data the peer sent before it died comes first).
-    for (const PostedRecv& r : matcher_.TakeRecvs()) {
-      Op tmp;
-      tmp.op = OpType::kRecv;
-      tmp.context = r.context;
-      out->push_back(Done(&tmp, why, 0));
-    }
-  }
-
-  void Shutdown(const absl::Status& why, bool closed, std::vector<Completion>* sink = nullptr) {
-    std::vector<Completion> local;
-    std::vector<Completion>* out = sink != nullptr ? sink : &local;
-    bool fail_emulated = false;
-    {
-      MutexLock lock(&mu_);
-      if (closed) closed_ = true;
-      if (!dead_) {
-        dead_ = true;
-        dead_status_ = why;
-        ZS_LOG(kInfo, "verbs endpoint to %s is down: %s", info_.peer_address, why.ToString());
-        FailAllLocked(why, out);
-        fail_emulated = true;
-      } else if (closed) {
-        FailAllLocked(why, out);
-      }
-      fail_emulated |= std::exchange(pending_fail_emulated_, false);
-      if (closed) {
-        // Unexpected messages nobody will receive now.
-        matcher_.TakeMessages();
-      }
-    }
-    if (sink == nullptr) {
-      for (auto& c : local) cq_->Push(std::move(c));
-    }
-    if (fail_emulated) FailEmulated(dead_status_);
-  }
-
-  friend class VerbsCq;
 
   VerbsFabric* fab_;
   VerbsCq* cq_;
   rdma_cm_id* id_;
   rdma_event_channel* ch_;
   ibv_cq* icq_;
-  uint32_t max_inline_;
   absl::Mutex mu_;
+  Engine engine_ ABSL_GUARDED_BY(mu_);
+  uint32_t engine_config_inline_ = 0;
   EndpointInfo info_;
-  struct Hello peer_;
-  size_t peer_eager_ = 0;
   bool native_atomics_ = false;
-  Credits credits_ ABSL_GUARDED_BY(mu_);
-  Slab send_slab_;
-  Slab recv_slab_;
-  std::deque<int> free_slots_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::unique_ptr<Op>> backlog_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);  // posted
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Op>> rts_ ABSL_GUARDED_BY(mu_);  // await FIN
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Pull>> pulls_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<uint64_t> fin_early_ ABSL_GUARDED_BY(mu_);
-  std::vector<ibv_wc> stash_ ABSL_GUARDED_BY(mu_);
-  Matcher matcher_ ABSL_GUARDED_BY(mu_);
-  size_t sq_used_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t rts_waiting_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_wr_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_cookie_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_pull_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t user_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t user_received_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t peer_sent_ ABSL_GUARDED_BY(mu_) = 0;
-  bool peer_closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool credit_update_posted_ ABSL_GUARDED_BY(mu_) = false;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool dead_ ABSL_GUARDED_BY(mu_) = false;
-  bool pending_fail_emulated_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status dead_status_;
+  bool attached_ = false;
 };
+
 
 // ------------------------------------------------------------ CQ methods
 
 size_t VerbsCq::Progress() {
   MutexLock list_lock(&mu_);
-  std::vector<Completion> out;
-  std::vector<std::pair<VerbsEndpoint*, std::vector<uint8_t>>> control;
+  std::vector<std::pair<VerbsEndpoint*, EngineOutput>> outs;
   size_t n = 0;
-  for (VerbsEndpoint* ep : endpoints_) n += ep->Progress(&out, &control);
-  for (auto& c : out) Push(std::move(c));
-  for (auto& [ep, msg] : control) ep->DeliverControl(msg);
-  return n + out.size();
+  for (VerbsEndpoint* ep : endpoints_) n += ep->Progress(&outs);
+  for (auto& [ep, out] : outs) {
+    n += out.completions.size();
+    ep->Deliver(std::move(out));
+  }
+  return n;
 }
 
 bool VerbsCq::ArmProvider() {
