@@ -49,6 +49,7 @@ struct Engine::Pull {
   std::shared_ptr<MemoryRegion> pin;
   uint64_t peer_cookie = 0;
   size_t length = 0;
+  uint64_t control_seq = 0;
   int chunks_left = 0;
   absl::Status status;
 };
@@ -485,7 +486,8 @@ void Engine::HandleRecv(const ibv_wc& wc, EngineOutput* out) {
   switch (h->type) {
     case MsgType::kEager:
       if (control) {
-        out->control.emplace_back(p + kHeaderSize, p + kHeaderSize + h->length);
+        control_q_.push_back(ControlSlot{true, true, std::vector<uint8_t>(p + kHeaderSize, p + kHeaderSize + h->length)});
+        FlushControl(out);
       } else {
         Arrival a;
         a.data.assign(p + kHeaderSize, p + kHeaderSize + h->length);
@@ -603,11 +605,15 @@ void Engine::StartControlPull(const Arrival& a, EngineOutput* out) {
   }
   auto pull = std::make_unique<Pull>();
   pull->control = true;
+  pull->control_seq = control_base_ + control_q_.size();
+  control_q_.push_back(ControlSlot{});
   pull->peer_cookie = a.cookie;
   pull->length = a.rts.length;
   pull->control_buf.resize(a.rts.length);
   auto reg = t_->Register(pull->control_buf.data(), a.rts.length, kLocalWrite);
   if (!reg.ok()) {
+    control_q_.back().ready = true;  // nothing to deliver; later ones may go
+    FlushControl(out);
     QueueFin(a.cookie, StatusErrno(reg.status()), out);
     return;
   }
@@ -653,11 +659,23 @@ void Engine::FinishPull(uint64_t id, const absl::Status& st, EngineOutput* out) 
   std::unique_ptr<Pull> pull = std::move(it->second);
   pulls_.erase(it);
   if (pull->control) {
-    if (pull->status.ok()) out->control.push_back(std::move(pull->control_buf));
+    ControlSlot& slot = control_q_[pull->control_seq - control_base_];
+    slot.ready = true;
+    slot.ok = pull->status.ok();
+    if (slot.ok) slot.data = std::move(pull->control_buf);
+    FlushControl(out);
   } else {
     out->completions.push_back(Done(OpType::kRecv, pull->recv.context, pull->status, pull->length));
   }
   if (!dead_) QueueFin(pull->peer_cookie, StatusErrno(pull->status), out);
+}
+
+void Engine::FlushControl(EngineOutput* out) {
+  while (!control_q_.empty() && control_q_.front().ready) {
+    if (control_q_.front().ok) out->control.push_back(std::move(control_q_.front().data));
+    control_q_.pop_front();
+    ++control_base_;
+  }
 }
 
 void Engine::QueueFin(uint64_t cookie, int err, EngineOutput* out) {

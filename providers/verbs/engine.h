@@ -142,6 +142,9 @@ class Engine {
                  EngineOutput* out);
   void FinishPull(uint64_t id, const absl::Status& st, EngineOutput* out);
   void QueueFin(uint64_t cookie, int err, EngineOutput* out);
+  // Control messages are delivered in the order they arrived, even when an
+  // earlier one still comes by rendezvous.
+  void FlushControl(EngineOutput* out);
   void SendCreditUpdate();
   void Die(const absl::Status& why, EngineOutput* out);
   void FailAll(const absl::Status& why, EngineOutput* out);
@@ -169,6 +172,13 @@ class Engine {
   absl::flat_hash_set<uint64_t> fin_early_;                   // FIN before the RTS completion
   absl::flat_hash_map<uint64_t, std::unique_ptr<Pull>> pulls_;
   std::vector<ibv_wc> stash_;
+  struct ControlSlot {
+    bool ready = false;
+    bool ok = false;  // false: a failed rendezvous (nothing to deliver)
+    std::vector<uint8_t> data;
+  };
+  std::deque<ControlSlot> control_q_;
+  uint64_t control_base_ = 0;  // sequence number of control_q_.front()
   Matcher matcher_;
   size_t sq_used_ = 0;
   size_t rts_waiting_ = 0;
