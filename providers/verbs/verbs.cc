@@ -485,13 +485,13 @@ class VerbsEndpoint final : public Endpoint, private Transport {
   // rendezvous sends be pulled (up to one second), disconnects, and fails
   // what is left with Cancelled.
   void Close() override {
+    EngineOutput first;
     {
       MutexLock lock(&mu_);
       if (engine_.closed()) return;
-      EngineOutput ignored;
-      engine_.QueueClose(&ignored);
-      Deliver(std::move(ignored));
+      engine_.QueueClose(&first);
     }
+    Deliver(std::move(first));
     const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
     for (;;) {
       EngineOutput out;
@@ -579,9 +579,7 @@ class VerbsEndpoint final : public Endpoint, private Transport {
       MutexLock lock(&mu_);
       st = fn(&out);
     }
-    const bool woke = !out.completions.empty();
-    Deliver(std::move(out));
-    if (woke) cq_->Wake();  // completions made outside Progress
+    Deliver(std::move(out));  // Push wakes an armed waiter
     return st;
   }
 
@@ -1009,7 +1007,7 @@ class VerbsListener final : public Listener {
 };
 
 absl::StatusOr<std::unique_ptr<Listener>> VerbsFabric::Listen(absl::string_view address) {
-  auto hp = ParseHostPort(address.empty() ? local_ip_ : address);
+  auto hp = ParseHostPort(address.empty() ? FormatHostPort(local_ip_, 0) : std::string(address));
   if (!hp.ok()) return hp.status();
   auto ss = ToSockaddr(*hp);
   if (!ss.ok()) return ss.status();
