@@ -69,7 +69,7 @@ absl::Status Engine::Prepare() {
   for (size_t i = 0; i < send_slab_.slots; ++i) free_slots_.push_back(static_cast<int>(i));
   if (!cfg_.srq) {
     recv_slab_.slot_size = cfg_.eager_size;
-    recv_slab_.slots = static_cast<size_t>(cfg_.recv_depth) + 1;  // +1: credit updates
+    recv_slab_.slots = static_cast<size_t>(cfg_.recv_depth);
     recv_slab_.mem.assign(recv_slab_.slot_size * recv_slab_.slots, 0);
     auto rmr = t_->Register(recv_slab_.mem.data(), recv_slab_.mem.size(), kLocalWrite);
     if (!rmr.ok()) return rmr.status();
@@ -271,7 +271,12 @@ void Engine::Pump(EngineOutput* out) {
     const bool needs_slot = op->kind == Op::kMessage || op->kind == Op::kRts || op->kind == Op::kAtomic;
     if (sq_used_ >= static_cast<size_t>(cfg_.sq_depth)) return;
     if (needs_slot && free_slots_.empty()) return;
-    if (op->needs_credit && !credits_.Take()) return;
+    if (op->needs_credit && !credits_.Take()) {
+      // Out of credits: if we owe the peer some, tell it now, or two peers
+      // that both wait for credits would wait for each other.
+      SendCreditUpdate();
+      return;
+    }
     std::unique_ptr<Op> owned = std::move(backlog_.front());
     backlog_.pop_front();
     const uint64_t id = next_wr_;
@@ -418,7 +423,6 @@ void Engine::HandleWc(const ibv_wc& wc, EngineOutput* out) {
   std::unique_ptr<Op> op = std::move(it->second);
   ops_.erase(it);
   --sq_used_;
-  if (op->credit_update) credit_update_posted_ = false;
   if (wc.status != IBV_WC_SUCCESS) {
     absl::Status st = wc.status == IBV_WC_WR_FLUSH_ERR && dead_
                           ? dead_status_
@@ -541,11 +545,11 @@ void Engine::HandleRecv(const ibv_wc& wc, EngineOutput* out) {
   Pump(out);
 }
 
-// An explicit credit update goes into the receive buffer the peer keeps for
-// it (one update in flight at a time); it needs no credit itself.
+// An explicit credit update; it may take our last credit (Credits).
 void Engine::SendCreditUpdate() {
-  if (credit_update_posted_ || !started_ || dead_) return;
+  if (!started_ || dead_ || credits_.pending_return() == 0) return;
   if (sq_used_ >= static_cast<size_t>(cfg_.sq_depth) || free_slots_.empty()) return;
+  if (!credits_.TakeForUpdate()) return;
   auto op = std::make_unique<Op>();
   op->kind = Op::kMessage;
   op->header.type = MsgType::kCredit;
@@ -553,8 +557,9 @@ void Engine::SendCreditUpdate() {
   const uint64_t id = next_wr_;
   if (Post(op.get()).ok()) {
     next_wr_ = id + 1;
-    credit_update_posted_ = true;
     ops_.emplace(id, std::move(op));
+  } else {
+    credits_.Grant(1);
   }
 }
 

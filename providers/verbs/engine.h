@@ -54,7 +54,7 @@ class Transport {
 
 struct EngineConfig {
   int sq_depth = 256;
-  int recv_depth = 128;        // receive buffers (without SRQ); +1 is posted for credit updates
+  int recv_depth = 128;        // receive buffers (without SRQ) = the peer's credits
   size_t eager_size = 8192;    // our receive buffer size
   uint32_t max_inline = 0;     // the QP's max_inline_data
   uint32_t max_msg_sz = 1u << 30;
@@ -118,6 +118,7 @@ class Engine {
   size_t sq_used() const { return sq_used_; }
   size_t backlog() const { return backlog_.size(); }
   uint32_t credits() const { return credits_.available(); }
+  uint32_t credits_owed() const { return credits_.pending_return(); }
 
  private:
   struct Op;
@@ -188,7 +189,6 @@ class Engine {
   uint64_t user_sent_ = 0;
   uint64_t peer_sent_ = 0;
   bool peer_closed_ = false;
-  bool credit_update_posted_ = false;
   bool started_ = false;
   bool closed_ = false;
   bool dead_ = false;

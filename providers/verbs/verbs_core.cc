@@ -669,7 +669,13 @@ std::deque<Arrival> Matcher::TakeMessages() { return std::exchange(messages_, {}
 
 bool Credits::Take() {
   if (available_ == kUnlimited) return true;
-  if (available_ == 0) return false;
+  if (available_ < 2) return false;
+  --available_;
+  return true;
+}
+
+bool Credits::TakeForUpdate() {
+  if (available_ == kUnlimited || available_ == 0 || to_return_ < 2) return false;
   --available_;
   return true;
 }

@@ -669,8 +669,16 @@ TEST(Matcher, InOrderBothWays) {
 
 TEST(Credits, WindowAndReturns) {
   Credits c(4);
-  for (int i = 0; i < 4; ++i) EXPECT_TRUE(c.Take());
-  EXPECT_FALSE(c.Take());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(c.Take());
+  EXPECT_FALSE(c.Take()) << "the last credit is kept for a credit update";
+  EXPECT_FALSE(c.TakeForUpdate()) << "nothing owed: no update";
+  c.Returned(8);
+  EXPECT_FALSE(c.TakeForUpdate()) << "an update returning one gains the peer nothing";
+  c.Returned(8);
+  EXPECT_TRUE(c.TakeForUpdate());
+  EXPECT_EQ(c.available(), 0u);
+  EXPECT_FALSE(c.TakeForUpdate());
+  EXPECT_EQ(c.TakeReturn(), 2);
   c.Grant(2);
   EXPECT_EQ(c.available(), 2u);
   EXPECT_FALSE(c.Returned(8));
