@@ -73,6 +73,27 @@ class SimSide : public Transport {
   };
 
   SimSide(int sq_depth, uint32_t max_inline) : sq_depth_(sq_depth), max_inline_(max_inline) {}
+  ~SimSide() override { srq_mr_.reset(); }  // before `mem`, its registrar
+
+  // A shared receive queue: `slots` buffers of `size` bytes.
+  void MakeSrq(size_t slots, size_t size) {
+    srq_mem_.assign(slots * size, 0);
+    srq_size_ = size;
+    auto mr = Register(srq_mem_.data(), srq_mem_.size(), kLocalWrite);
+    srq_mr_ = std::move(*mr);
+    for (size_t i = 0; i < slots; ++i) RepostSrq(i);
+  }
+  const uint8_t* SrqBuffer(size_t slot) override { return srq_mem_.data() + slot * srq_size_; }
+  void RepostSrq(size_t slot) override {
+    ibv_sge sge{reinterpret_cast<uint64_t>(srq_mem_.data() + slot * srq_size_),
+                static_cast<uint32_t>(srq_size_), LkeyOf(srq_mr_.get())};
+    rq_.push_back(PostedRecv{Engine::kRecvBit | slot, sge});
+    ++srq_reposts;
+  }
+  std::vector<uint8_t> srq_mem_;
+  size_t srq_size_ = 0;
+  std::unique_ptr<MemoryRegion> srq_mr_;
+  int srq_reposts = 0;
 
   int PostSend(ibv_send_wr* wr) override {
     if (error_) return EINVAL;
@@ -267,6 +288,8 @@ struct Pair {
         ea(nullptr, &a, ca), eb(nullptr, &b, cb) {
     a.peer = &b;
     b.peer = &a;
+    if (ca.srq) a.MakeSrq(static_cast<size_t>(ca.recv_depth), ca.srq_slot_size);
+    if (cb.srq) b.MakeSrq(static_cast<size_t>(cb.recv_depth), cb.srq_slot_size);
     EXPECT_TRUE(ea.Prepare().ok());
     EXPECT_TRUE(eb.Prepare().ok());
     ea.Start(HelloOf(cb), "b");
@@ -274,7 +297,7 @@ struct Pair {
   }
   static Hello HelloOf(const EngineConfig& c) {
     Hello h;
-    h.flags = kHelloAtomics;
+    h.flags = kHelloAtomics | (c.srq ? kHelloSrq : 0);
     h.credits = static_cast<uint32_t>(c.recv_depth);
     h.eager_size = static_cast<uint32_t>(c.eager_size);
     return h;
@@ -705,6 +728,152 @@ TEST(Engine, HostileMessageEndsOnlyThatConnection) {
   v.Settle();
   ASSERT_FALSE(v.ob.completions.empty());
   EXPECT_FALSE(v.ob.completions.back().status.ok());
+}
+
+// With a shared receive queue there are no credits: a burst larger than the
+// queue is paced by RNR retry (the sender waits, nothing is lost) and every
+// buffer goes back to the SRQ.
+TEST(Engine, SharedReceiveQueue) {
+  EngineConfig srq = Small();
+  srq.srq = true;
+  srq.srq_slot_size = srq.eager_size;
+  Pair w(Small(), srq);
+  constexpr int kMessages = 50;
+  std::vector<std::string> msgs(kMessages);
+  for (int i = 0; i < kMessages; ++i) {
+    msgs[i] = std::string(1 + (i * 37) % 1500, static_cast<char>('a' + i % 26));
+    ASSERT_TRUE(w.ea.Send(msgs[i].data(), msgs[i].size(), nullptr, i, false, &w.oa).ok());
+  }
+  EXPECT_EQ(w.ea.credits(), Credits::kUnlimited) << "no credits towards an SRQ";
+  EXPECT_LE(w.ea.sq_used(), 8u) << "only the send queue limits";
+  w.Settle();
+  EXPECT_GT(w.a.rnr_naks, 0) << "the SRQ (4 buffers) paced the burst by RNR";
+  std::vector<std::string> in(kMessages, std::string(2000, 0));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(w.eb.PostRecv(in[i].data(), in[i].size(), nullptr, i, &w.ob).ok());
+  }
+  w.Settle();
+  ASSERT_EQ(w.ob.completions.size(), size_t{kMessages});
+  for (const Completion& c : w.ob.completions) {
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(in[c.context].substr(0, c.length), msgs[c.context]);
+  }
+  EXPECT_GE(w.b.srq_reposts, 4 + kMessages);
+  EXPECT_EQ(w.b.rq_.size(), 4u) << "every SRQ buffer is back";
+}
+
+// Random traffic both ways under random limits: every byte arrives in
+// order, every operation completes exactly once, no queue overflows.
+TEST(Engine, RandomTrafficUnderRandomLimits) {
+  for (uint32_t seed = 1; seed <= 25; ++seed) {
+    std::mt19937 rng(seed);
+    EngineConfig c;
+    c.sq_depth = 4 + static_cast<int>(rng() % 13);
+    c.recv_depth = 4 + static_cast<int>(rng() % 5);
+    c.eager_size = 256 + (rng() % 4) * 512;
+    c.max_inline = static_cast<uint32_t>(rng() % 3 == 0 ? 0 : 24 + rng() % 200);
+    c.max_msg_sz = 4096u << (rng() % 5);
+    Pair w(c, c);
+    struct Dir {
+      Engine* tx;
+      Engine* rx;
+      EngineOutput* txo;
+      EngineOutput* rxo;
+      std::vector<std::vector<uint8_t>> sent;
+      std::vector<std::vector<uint8_t>> bufs;
+      int posted = 0;
+    };
+    Dir dirs[2] = {{&w.ea, &w.eb, &w.oa, &w.ob, {}, {}, 0}, {&w.eb, &w.ea, &w.ob, &w.oa, {}, {}, 0}};
+    constexpr int kPerDir = 120;
+    for (Dir& d : dirs) {
+      d.sent.resize(kPerDir);
+      d.bufs.assign(kPerDir, std::vector<uint8_t>(40000));
+    }
+    std::vector<uint8_t> target(8192, 0);
+    auto tmr = w.b.Register(target.data(), target.size(), kAccessAll);
+    ASSERT_TRUE(tmr.ok());
+    RemoteKey tkey = (*tmr)->remote_key();
+    std::vector<std::vector<uint8_t>> reads;
+    int next_send[2] = {0, 0};
+    for (int step = 0; step < 2000; ++step) {
+      const int which = static_cast<int>(rng() % 2);
+      Dir& d = dirs[which];
+      switch (rng() % 5) {
+        case 0:
+        case 1:
+          if (next_send[which] < kPerDir) {
+            int i = next_send[which]++;
+            size_t len = rng() % 4 == 0 ? rng() % 40000 : rng() % 600;
+            d.sent[i].resize(len);
+            Fill(d.sent[i].data(), len, seed * 1000 + which * 500 + i);
+            ASSERT_TRUE(d.tx->Send(d.sent[i].data(), len, nullptr, i, false, d.txo).ok());
+          }
+          break;
+        case 2:
+          if (d.posted < kPerDir) {
+            int i = d.posted++;
+            ASSERT_TRUE(d.rx->PostRecv(d.bufs[i].data(), d.bufs[i].size(), nullptr, 10000 + i, d.rxo).ok());
+          }
+          break;
+        case 3: {
+          size_t off = rng() % 4096, len = 1 + rng() % 4096;
+          std::vector<uint8_t> src(len);
+          Fill(src.data(), len, step);
+          reads.push_back(src);
+          ASSERT_TRUE(w.ea.Rma(WrKind::kRdmaWrite, reads.back().data(), len, nullptr, tkey.addr + off,
+                               tkey, 50000 + step, &w.oa).ok());
+          break;
+        }
+        default:
+          if (rng() % 2) {
+            Execute(&w.a);
+          } else {
+            Execute(&w.b);
+          }
+          w.ea.Progress(&w.oa);
+          w.eb.Progress(&w.ob);
+      }
+    }
+    for (int which = 0; which < 2; ++which) {
+      Dir& d = dirs[which];
+      while (next_send[which] < kPerDir) {
+        int i = next_send[which]++;
+        d.sent[i].assign(1 + i % 300, static_cast<uint8_t>(i));
+        ASSERT_TRUE(d.tx->Send(d.sent[i].data(), d.sent[i].size(), nullptr, i, false, d.txo).ok());
+      }
+      while (d.posted < kPerDir) {
+        int i = d.posted++;
+        ASSERT_TRUE(d.rx->PostRecv(d.bufs[i].data(), d.bufs[i].size(), nullptr, 10000 + i, d.rxo).ok());
+      }
+    }
+    w.Settle();
+    ASSERT_FALSE(w.ea.dead()) << "seed " << seed << ": " << w.ea.dead_status();
+    ASSERT_FALSE(w.eb.dead()) << "seed " << seed << ": " << w.eb.dead_status();
+    for (int which = 0; which < 2; ++which) {
+      Dir& d = dirs[which];
+      std::map<uint64_t, int> sends, recvs;
+      for (const Completion& c : d.txo->completions) {
+        ASSERT_TRUE(c.status.ok()) << "seed " << seed << ": " << c.status;
+        if (c.op == OpType::kSend) ++sends[c.context];
+      }
+      for (const Completion& c : d.rxo->completions) {
+        ASSERT_TRUE(c.status.ok()) << "seed " << seed << ": " << c.status;
+        if (c.op != OpType::kRecv) continue;
+        const int i = static_cast<int>(c.context - 10000);
+        ++recvs[c.context];
+        ASSERT_EQ(c.length, d.sent[i].size()) << "seed " << seed << " dir " << which << " msg " << i;
+        ASSERT_EQ(std::memcmp(d.bufs[i].data(), d.sent[i].data(), c.length), 0)
+            << "seed " << seed << " dir " << which << " msg " << i;
+      }
+      EXPECT_EQ(sends.size(), size_t{kPerDir}) << "seed " << seed;
+      EXPECT_EQ(recvs.size(), size_t{kPerDir}) << "seed " << seed;
+      for (const auto& [ctx, n] : sends) EXPECT_EQ(n, 1);
+      for (const auto& [ctx, n] : recvs) EXPECT_EQ(n, 1);
+    }
+    EXPECT_EQ(w.a.overflows + w.b.overflows, 0) << "seed " << seed;
+    EXPECT_EQ(w.a.rnr_naks + w.b.rnr_naks, 0) << "seed " << seed;
+    EXPECT_TRUE(w.ea.Idle() && w.eb.Idle()) << "seed " << seed;
+  }
 }
 
 }  // namespace
