@@ -717,9 +717,13 @@ absl::Status VerbsFabric::Setup(const FabricSpec& spec) {
   // pages (5.13+) make it unneeded.
   if (settings_.fork && ibv_is_fork_initialized() == IBV_FORK_DISABLED) {
     if (int rc = ibv_fork_init(); rc != 0) {
-      return ErrnoError(rc, "ibv_fork_init",
-                        "call it before anything else uses libibverbs, or set fork=off and never "
-                        "touch registered memory in a forked child");
+      // EINVAL: memory was registered before (another RDMA user in this
+      // process, e.g. libfabric's or UCX's verbs transport).
+      return ErrnoError(rc, "ibv_fork_init (fork protection for registered memory)",
+                        "set RDMAV_FORK_SAFE=1 in the environment (libibverbs then enables it "
+                        "at its first use), or open the verbs fabric before other RDMA users in "
+                        "this process, or set fork=off and never touch registered memory in a "
+                        "forked child");
     }
   }
   int num = 0;
