@@ -288,7 +288,7 @@ class VerbsCq final : public CompletionQueue {
   VerbsFabric* fabric_;
   ibv_comp_channel* channel_;
   Fd epoll_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<VerbsEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -311,7 +311,7 @@ class VerbsFabric final : public Fabric {
   ibv_pd* pd() const { return pd_; }
   ibv_srq* srq() const { return srq_; }
   Slab& srq_slab() { return srq_slab_; }
-  absl::Mutex& srq_mu() { return srq_mu_; }
+  Mutex& srq_mu() { return srq_mu_; }
   const ibv_device_attr& dev_attr() const { return dev_attr_; }
   uint32_t max_msg_sz() const { return max_msg_sz_; }
   bool atomics_native() const { return atomics_native_; }
@@ -367,7 +367,7 @@ class VerbsFabric final : public Fabric {
   ibv_pd* pd_ = nullptr;
   ibv_srq* srq_ = nullptr;
   Slab srq_slab_;
-  absl::Mutex srq_mu_;
+  Mutex srq_mu_;
   ibv_device_attr dev_attr_{};
   uint32_t max_msg_sz_ = 0;
   int port_ = 0;
@@ -639,7 +639,7 @@ class VerbsEndpoint final : public Endpoint, private Transport {
   rdma_cm_id* id_;
   rdma_event_channel* ch_;
   ibv_cq* icq_;
-  absl::Mutex mu_;
+  Mutex mu_;
   Engine engine_ ABSL_GUARDED_BY(mu_);
   uint32_t engine_config_inline_ = 0;
   EndpointInfo info_;

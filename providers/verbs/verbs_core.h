@@ -43,7 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "core/provider.h"
 
 namespace zsock::verbs {
@@ -341,7 +341,7 @@ class RegTable {
   static void Revoke(Entry* e) noexcept;
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::map<uint32_t, std::shared_ptr<Entry>> by_rkey_ ABSL_GUARDED_BY(mu_);
 };
 
