@@ -27,22 +27,23 @@ struct Layout {
   XAxis x;
   PanelBy panel;
   const char* figure;  // seed 003 figure it follows
+  const char* title;
 };
 
 Layout LayoutOf(Test test) {
   switch (test) {
-    case Test::kPingpong: return {XAxis::kSize, PanelBy::kNone, "fig. 6a"};
-    case Test::kStream: return {XAxis::kSize, PanelBy::kNone, "fig. 6b"};
-    case Test::kOverlap: return {XAxis::kCompute, PanelBy::kSize, "fig. 7"};
-    case Test::kPagefault: return {XAxis::kWindow, PanelBy::kSize, "fig. 8"};
-    case Test::kHotspot: return {XAxis::kSize, PanelBy::kClients, "fig. 9a"};
-    case Test::kMultistream: return {XAxis::kStreams, PanelBy::kSize, "fig. 9b"};
-    case Test::kFanin: return {XAxis::kSize, PanelBy::kClients, "fig. 10a"};
-    case Test::kFanout: return {XAxis::kSize, PanelBy::kClients, "fig. 10b"};
-    case Test::kMsgrate: return {XAxis::kSize, PanelBy::kNone, "message rate"};
-    case Test::kConnect: return {XAxis::kSize, PanelBy::kNone, "connection rate"};
+    case Test::kPingpong: return {XAxis::kSize, PanelBy::kNone, "fig. 6a", "Ping-pong latency"};
+    case Test::kStream: return {XAxis::kSize, PanelBy::kNone, "fig. 6b", "Uni-directional throughput"};
+    case Test::kOverlap: return {XAxis::kCompute, PanelBy::kSize, "fig. 7", "Computation and communication overlap"};
+    case Test::kPagefault: return {XAxis::kWindow, PanelBy::kSize, "fig. 8", "Impact of page faults"};
+    case Test::kHotspot: return {XAxis::kSize, PanelBy::kClients, "fig. 9a", "Hot-spot latency"};
+    case Test::kMultistream: return {XAxis::kStreams, PanelBy::kSize, "fig. 9b", "Multi-stream throughput"};
+    case Test::kFanin: return {XAxis::kSize, PanelBy::kClients, "fig. 10a", "Fan-in throughput"};
+    case Test::kFanout: return {XAxis::kSize, PanelBy::kClients, "fig. 10b", "Fan-out throughput"};
+    case Test::kMsgrate: return {XAxis::kSize, PanelBy::kNone, "", "Message rate"};
+    case Test::kConnect: return {XAxis::kSize, PanelBy::kNone, "", "Connection rate"};
   }
-  return {XAxis::kSize, PanelBy::kNone, ""};
+  return {XAxis::kSize, PanelBy::kNone, "", ""};
 }
 
 double XOf(XAxis x, const Record& r) {
@@ -83,6 +84,11 @@ double YOf(Test test, const Record& r) {
 
 std::string Quote(absl::string_view s) {
   return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}}), "\"");
+}
+
+// "Ping-pong latency (seed 003 fig. 6a)"
+std::string FigureTitle(const Layout& l) {
+  return *l.figure ? absl::StrCat(l.title, " (seed 003 ", l.figure, ")") : std::string(l.title);
 }
 
 std::string CurveTitle(const Record& r) {
@@ -164,12 +170,13 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
       ". Redraw with: gnuplot ", name, ".gp\n",
       absl::StrFormat("set terminal pngcairo size %d,%d enhanced font \",10\"\n",
                       std::max(1, npanels) * 560, 440),
-      "set output ", Quote(name + ".png"), "\n", "set grid\n", "set key top left\n");
+      "set output ", Quote(name + ".png"), "\n", "set grid\n", "set key top left\n",
+      "");
   const std::string dat_name = Quote(name + ".dat");
   if (test == Test::kConnect) {
-    absl::StrAppend(&gp, "set title ", Quote("connect: connections set up and torn down per second"),
-                    "\n", "set style data histograms\nset style fill solid 0.6 border -1\n",
-                    "set boxwidth 0.7\nset yrange [0:*]\nset ylabel ", Quote(YLabel(test)),
+    absl::StrAppend(&gp, "set title ", Quote("Connections set up, used and torn down per second"),
+                    " noenhanced\n", "set style data histograms\nset style fill solid 0.6 border -1\n",
+                    "set boxwidth 0.7\nset yrange [0:*]\nset xtics noenhanced\nset ylabel ", Quote(YLabel(test)),
                     "\nset key off\n");
     // One bar per curve: a small table of its own.
     std::string bars;
@@ -188,7 +195,7 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
   } else {
     if (npanels > 1) {
       absl::StrAppend(&gp, "set multiplot layout 1,", npanels, " title ",
-                      Quote(absl::StrCat(name, ": ", TestDescription(test))), " font \",9\"\n");
+                      Quote(FigureTitle(layout)), "\n");
     }
     // x axis.
     switch (layout.x) {
@@ -198,7 +205,9 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
           tics.push_back(absl::StrCat(Quote(SizeLabel(static_cast<size_t>(x))), " ", x));
         }
         absl::StrAppend(&gp, "set logscale x 2\nset xlabel \"message size (bytes)\"\n",
-                        "set xtics (", absl::StrJoin(tics, ", "), ")\n");
+                        "set xtics (", absl::StrJoin(tics, ", "), ")\n",
+                        absl::StrFormat("set xrange [%.10g:%.10g]\n", *xs.begin() / 1.4,
+                                        *xs.rbegin() * 1.4));
         break;
       }
       case XAxis::kCompute:
@@ -212,10 +221,14 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
         absl::StrAppend(&gp, "set xlabel \"number of streams\"\nset xtics 1\n");
         break;
     }
-    if (layout.x != XAxis::kSize && xs.size() > 1) {
-      absl::StrAppend(&gp, "set xrange [", *xs.begin(), ":", *xs.rbegin(), "]\n");
-    } else if (xs.size() == 1) {
-      absl::StrAppend(&gp, "set offsets graph 0.1, graph 0.1, 0, 0\n");
+    if (layout.x == XAxis::kWindow) {
+      absl::StrAppend(&gp, absl::StrFormat("set xrange [%.10g:%.10g]\n", *xs.begin() / 1.4,
+                                           *xs.rbegin() * 1.4));
+    } else if (layout.x != XAxis::kSize) {
+      const double span = std::max(1.0, *xs.rbegin() - *xs.begin());
+      absl::StrAppend(&gp, absl::StrFormat("set xrange [%.10g:%.10g]\n",
+                                           *xs.begin() - 0.05 * span,
+                                           *xs.rbegin() + 0.05 * span));
     }
     if (TestMetric(test) == Metric::kLatency) {
       absl::StrAppend(&gp, "set logscale y 10\n");
@@ -227,7 +240,7 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
     for (int64_t panel : panels) {
       std::string title;
       switch (layout.panel) {
-        case PanelBy::kNone: title = absl::StrCat(name, ": ", TestDescription(test)); break;
+        case PanelBy::kNone: title = FigureTitle(layout); break;
         case PanelBy::kSize:
           title = absl::StrCat("(", std::string(1, letter), ") ",
                                SizeLabel(static_cast<size_t>(panel)), "byte messages");
@@ -238,14 +251,14 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
           break;
       }
       ++letter;
-      absl::StrAppend(&gp, "set title ", Quote(title), (npanels > 1 ? "" : " font \",9\""), "\n");
+      absl::StrAppend(&gp, "set title ", Quote(title), " noenhanced\n");
       std::vector<std::string> plots;
       for (const std::string& curve : curves) {
         auto it = block.find({panel, curve});
         if (it == block.end()) continue;
         plots.push_back(absl::StrCat(dat_name, " index ", it->second,
                                      " using 1:2 with linespoints lw 2 title ",
-                                     Quote(titles[curve])));
+                                     Quote(titles[curve]), " noenhanced"));
       }
       absl::StrAppend(&gp, "plot ", absl::StrJoin(plots, ", \\\n     "), "\n");
     }
