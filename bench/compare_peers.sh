@@ -3,8 +3,8 @@
 # pick instead of zsock, on this machine, in one run, as one table with each
 # peer's ratio to kernel TCP:
 #
-#   kernel TCP        zsock_bench --provider=tcp (pingpong + stream, TCP_NODELAY)
-#   zsock P/M         zsock_bench --provider=P --mode=M (pingpong + stream)
+#   kernel TCP        zsock_bench's baseline (pingpong + stream, TCP_NODELAY)
+#   zsock P/M         zsock_bench --provider=P --mode=M --baseline=tcp
 #   fi shm            fi_pingpong -p shm -e rdm            (libfabric-bin)
 #   fi tcp;ofi_rxm    fi_pingpong -p "tcp;ofi_rxm" -e rdm  (libfabric-bin)
 #   ucx posix,cma     ucx_perftest -t tag_lat / tag_bw, UCX_TLS=posix,cma (ucx-utils)
@@ -128,25 +128,46 @@ stop_server() {
 
 # ---- zsock_bench (kernel TCP and zsock) ----
 
-# run_zsock_bench PEER PROVIDER [--mode=M]: pingpong then stream.
+# zsock over $provider/$mode with --baseline=tcp, so kernel TCP runs in the
+# same invocation; if zsock cannot run at all (exit 2: e.g. the sockets API is
+# not built yet), its column says why and kernel TCP runs alone.
+# Records go to the column of their transport ("tcp" = kernel TCP).
 run_zsock_bench() {
-  local peer="$1"; shift
-  local test json err
+  local zpeer="zsock $provider/$mode" test json err rc
   for test in pingpong stream; do
     json="$work/$test.json"
     err="$work/$test.err"
-    progress "$peer: zsock_bench --test=$test"
-    if ! timeout "$timeout_s" "$bench" --test="$test" --sizes="$sizes" --iters="$iters" \
+    : >"$json"
+    progress "zsock_bench --test=$test --provider=$provider --mode=$mode --baseline=tcp"
+    rc=0
+    timeout "$timeout_s" "$bench" --test="$test" --sizes="$sizes" --iters="$iters" \
+      --json="$json" --progress=false --server_core="$server_core" \
+      --client_core="$client_core" --provider="$provider" --mode="$mode" --baseline=tcp \
+      >"$work/$test.out" 2>"$err" || rc=$?
+    if [[ $rc -eq 2 ]]; then
+      note "$zpeer" "$(grep -v '^#' "$err" | tail -n 1 | sed 's/^zsock_bench: //')"
+      progress "zsock_bench --test=$test --provider=tcp"
+      rc=0
+      timeout "$timeout_s" "$bench" --test="$test" --sizes="$sizes" --iters="$iters" \
         --json="$json" --progress=false --server_core="$server_core" \
-        --client_core="$client_core" "$@" >"$work/$test.out" 2>"$err"; then
-      note "$peer" "$(grep -v '^#' "$err" | tail -n 1 | sed 's/^zsock_bench: //')"
-      return
+        --client_core="$client_core" --provider=tcp >"$work/$test.out" 2>"$err" || rc=$?
     fi
-    python3 - "$json" "$peer" "$test" >>"$results" <<'EOF'
+    if [[ $rc -ne 0 ]]; then
+      # Failed runs are named on stderr ("FAILED: <test> over <transport>/<mode>: why").
+      grep 'FAILED: ' "$err" | sed 's/^zsock_bench: FAILED: //' | while read -r why; do
+        case "$why" in
+          *" over tcp/"*) note "kernel TCP" "$why" ;;
+          *) note "$zpeer" "$why" ;;
+        esac
+      done
+      grep -q 'FAILED: ' "$err" || note "kernel TCP" "zsock_bench --test=$test failed: $(tail -n 1 "$err")"
+    fi
+    python3 - "$json" "$zpeer" "$test" >>"$results" <<'EOF'
 import json, sys
-path, peer, test = sys.argv[1:]
+path, zpeer, test = sys.argv[1:]
 for line in open(path):
     r = json.loads(line)
+    peer = "kernel TCP" if r["transport"] == "tcp" else zpeer
     if test == "pingpong":
         print(f"{peer}\tlat_p50\t{r['msg_size']}\t{r['lat_us_p50']}")
         print(f"{peer}\tlat_avg\t{r['msg_size']}\t{r['lat_us_avg']}")
@@ -245,8 +266,7 @@ run_ucx() {
 }
 
 peers=("kernel TCP" "zsock $provider/$mode" "fi shm" "fi tcp;ofi_rxm" "ucx posix,cma" "ucx tcp")
-run_zsock_bench "kernel TCP" --provider=tcp
-run_zsock_bench "zsock $provider/$mode" --provider="$provider" --mode="$mode"
+run_zsock_bench
 run_fi "fi shm" shm
 run_fi "fi tcp;ofi_rxm" "tcp;ofi_rxm"
 run_ucx "ucx posix,cma" "posix,cma"
@@ -268,7 +288,11 @@ for line in open(results_path):
         vals[(peer, metric, int(size))] = float(value)
     except ValueError:
         pass
-notes = [l.rstrip("\n").split("\t", 1) for l in open(notes_path) if l.strip()]
+notes = []
+for l in open(notes_path):
+    n = l.rstrip("\n").split("\t", 1)
+    if len(n) == 2 and n not in notes:
+        notes.append(n)
 noted = {n[0] for n in notes}
 
 def label(n):
@@ -299,5 +323,5 @@ for r in rows:
 print("# (Nx) = N times better than kernel TCP (latency: TCP/peer; bandwidth: peer/TCP);"
       " '-' = the tool has no such measurement")
 for peer, why in notes:
-    print(f"# {peer}: n/a: {why}")
+    print(f"# {peer}: {why}")
 EOF

@@ -9,7 +9,6 @@
 #include <functional>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -44,13 +43,31 @@ Options MustParse(const RawOptions& raw) {
   return o.ok() ? *o : Options{};
 }
 
-// Every "key":value pair of one JSON line (values as their text).
+// Every "key":value pair of one flat JSON object line (values as their
+// text; strings keep their quotes). Hand-rolled: std::regex trips a gcc 12
+// -Wmaybe-uninitialized false positive under --config=asan.
 std::map<std::string, std::string> JsonFields(const std::string& line) {
   std::map<std::string, std::string> out;
-  static const std::regex kv(R"re("([a-z_0-9]+)":("[^"]*"|[^,}]+))re");
-  for (auto it = std::sregex_iterator(line.begin(), line.end(), kv);
-       it != std::sregex_iterator(); ++it) {
-    out[(*it)[1]] = (*it)[2];
+  size_t i = line.find('{');
+  if (i == std::string::npos) return out;
+  ++i;
+  while (i < line.size() && line[i] == '"') {
+    size_t key_end = line.find('"', i + 1);
+    if (key_end == std::string::npos || key_end + 1 >= line.size() || line[key_end + 1] != ':') {
+      break;
+    }
+    std::string key = line.substr(i + 1, key_end - i - 1);
+    size_t v = key_end + 2, end = v;
+    if (end < line.size() && line[end] == '"') {
+      for (++end; end < line.size() && line[end] != '"'; ++end) {
+        if (line[end] == '\\') ++end;
+      }
+      ++end;
+    } else {
+      while (end < line.size() && line[end] != ',' && line[end] != '}') ++end;
+    }
+    out[key] = line.substr(v, end - v);
+    i = end + 1;  // past ',' (or '}')
   }
   return out;
 }
