@@ -6,6 +6,8 @@ packages=(
   bazel-bootstrap bazel-platforms g++ python3 iproute2
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libucx-dev libibverbs-dev librdmacm-dev
+  # bench: plots (zsock_bench --plot) and the peers of bench/compare_peers.sh
+  gnuplot-nox libfabric-bin ucx-utils
 )
 missing=()
 for p in "${packages[@]}"; do
