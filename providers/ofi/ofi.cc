@@ -460,6 +460,7 @@ class OfiFabric final : public Fabric {
   bool atomics_native() const { return atomics_native_; }
   bool rma_native() const { return rma_native_; }
   bool msg() const { return msg_; }
+  fi_info* MsgHints() const;
   // Remote addresses are virtual addresses when the provider reports
   // FI_MR_VIRT_ADDR, offsets into the registration otherwise (fi_mr(3)).
   bool virt_addr() const { return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0; }
@@ -570,6 +571,18 @@ class OfiFabric final : public Fabric {
   absl::StatusOr<std::unique_ptr<Listener>> Listen(absl::string_view address) override;
   absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view address, CompletionQueue* cq,
                                                     absl::Duration timeout) override;
+  absl::StatusOr<std::unique_ptr<Listener>> ListenRdm(absl::string_view address);
+  absl::StatusOr<std::unique_ptr<Endpoint>> ConnectRdm(absl::string_view address, CompletionQueue* cq,
+                                                       absl::Duration timeout);
+  absl::StatusOr<std::unique_ptr<Listener>> ListenMsg(absl::string_view address);
+  absl::StatusOr<std::unique_ptr<Endpoint>> ConnectMsg(absl::string_view address, CompletionQueue* cq,
+                                                       absl::Duration timeout);
+  // MSG: makes an endpoint of a data and a control fi endpoint and connects
+  // them: fi_connect to `dest` (active side) or fi_accept of the two
+  // connection requests (passive side); waits for FI_CONNECTED on both.
+  absl::StatusOr<std::unique_ptr<Endpoint>> EstablishMsg(fi_info* data_info, fi_info* ctrl_info,
+                                                         const void* dest, uint64_t nonce,
+                                                         CompletionQueue* cq, absl::Time deadline);
   absl::StatusOr<std::unique_ptr<Endpoint>> Establish(Fd oob, std::string local, std::string peer,
                                                       CompletionQueue* cq, absl::Time deadline);
 
@@ -587,6 +600,7 @@ class OfiFabric final : public Fabric {
   Capabilities caps_;
   std::atomic<uint64_t> next_key_{1};
   std::atomic<uint64_t> next_serial_{1};
+  std::atomic<uint64_t> next_nonce_{1};
   absl::Mutex regs_mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<RegRecord>> regs_ ABSL_GUARDED_BY(regs_mu_);
 };
@@ -777,11 +791,38 @@ size_t DrainCq(fid_cq* cq_, std::vector<std::pair<Request*, absl::Status>>* out)
 
 class OfiEndpoint final : public Endpoint {
  public:
+  // An RDM endpoint: `ep` reaches `peer` through `av`; `oob` is the
+  // bootstrap socket, kept as the liveness signal and the FIN's carrier.
   OfiEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_av* av, fid_cq* fcq, int fcq_fd,
               fi_addr_t peer, Fd oob, EndpointInfo info)
       : Endpoint(fabric, cq), fab_(fabric), cq_(cq), ep_(ep), av_(av), fcq_(fcq), fcq_fd_(fcq_fd),
         peer_(peer), oob_(std::move(oob)), info_(std::move(info)) {
     cq_->Watch(oob_.get());
+    if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+    cq_->Attach(this);
+  }
+  // A connected (FI_EP_MSG) endpoint: `ep` carries user messages and RMA,
+  // `cep` core's control messages; `eq` (wait fd `eq_fd`) reports their
+  // FI_SHUTDOWN.
+  OfiEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_ep* cep, fid_eq* eq, int eq_fd,
+              fid_cq* fcq, int fcq_fd, EndpointInfo info)
+      : Endpoint(fabric, cq), fab_(fabric), cq_(cq), ep_(ep), cep_(cep), eq_(eq), eq_fd_(eq_fd),
+        av_(nullptr), fcq_(fcq), fcq_fd_(fcq_fd), peer_(0), info_(std::move(info)) {
+    connected_ = false;  // joins the CQ in Connected()
+  }
+
+  // MSG: both halves are connected; the endpoint joins its CQ.
+  void Connected() {
+    {
+      MutexLock lock(&fab_->dom_mu());
+      sockaddr_storage ss{};
+      size_t len = sizeof(ss);
+      if (fi_getname(&ep_->fid, &ss, &len) == 0) info_.local_address = FormatHostPort(ss);
+      len = sizeof(ss);
+      if (fi_getpeer(ep_, &ss, &len) == 0) info_.peer_address = FormatHostPort(ss);
+      connected_ = true;
+    }
+    if (eq_fd_ >= 0) cq_->Watch(eq_fd_);
     if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
     cq_->Attach(this);
   }
@@ -820,13 +861,10 @@ class OfiEndpoint final : public Endpoint {
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
     auto* r = NewRequest(OpType::kSend, context, len);
     void* desc = Desc(mr, buf, len);
-    {
-      MutexLock lock(&fab_->dom_mu());
-      ++user_sent_;
-    }
     // By value: an operation that meets EAGAIN is posted again later.
     return Submit(r, [=, this](Request* req) {
-      return fi_tsend(ep_, buf, len, desc, peer_, kUserTag, &req->fi_ctx);
+      return cep_ ? fi_send(ep_, buf, len, desc, 0, &req->fi_ctx)
+                  : fi_tsend(ep_, buf, len, desc, peer_, kUserTag, &req->fi_ctx);
     });
   }
 
@@ -834,7 +872,8 @@ class OfiEndpoint final : public Endpoint {
     auto* r = NewRequest(OpType::kRecv, context, len);
     void* desc = Desc(mr, buf, len);
     return Submit(r, [=, this](Request* req) {
-      return fi_trecv(ep_, buf, len, desc, peer_, kUserTag, 0, &req->fi_ctx);
+      return cep_ ? fi_recv(ep_, buf, len, desc, 0, &req->fi_ctx)
+                  : fi_trecv(ep_, buf, len, desc, peer_, kUserTag, 0, &req->fi_ctx);
     });
   }
 
@@ -847,10 +886,7 @@ class OfiEndpoint final : public Endpoint {
     auto* r = NewRequest(OpType::kSend, 0, msg.size());
     r->control = true;
     r->owned.assign(msg.begin(), msg.end());
-    return Submit(r, [this](Request* req) {
-      return fi_tsend(ep_, req->owned.data(), req->owned.size(), nullptr, peer_, kControlTag,
-                      &req->fi_ctx);
-    });
+    return Submit(r, [this](Request* req) { return PostControlSend(req); });
   }
 
   absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
@@ -883,46 +919,58 @@ class OfiEndpoint final : public Endpoint {
     Shutdown(why, /*closed=*/true);
   }
 
-  // Tells the peer how many user messages we sent, so that it delivers all of
-  // them before it treats the connection as closed (like SDP's DisconnReq).
-  // Waits up to one second for the FIN to leave.
+  // Tells the peer how many user messages it will get from us, so that it
+  // delivers all of them before it reports the close (like SDP's
+  // DisconnReq): the sends that completed, counted after reading our CQ.
+  // RDM: 9 bytes on the bootstrap socket, which TCP delivers before the
+  // socket's end (no wait for the peer). MSG: a control message, waited for
+  // (locally, at most one second) until it is in the provider's socket.
   void SendFin() {
     std::vector<Completion> out;
     {
       MutexLock lock(&fab_->dom_mu());
-      if (dead_ || ep_ == nullptr) return;
-      auto* r = NewRequest(OpType::kSend, 0, 9);
-      r->control = true;
-      r->owned.resize(9);
-      r->owned[0] = kFinMarker;
-      std::memcpy(r->owned.data() + 1, &user_sent_, 8);
-      outstanding_.insert(r);
-      int rc;
-      const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
-      // Delivery-complete: the FIN is in the peer's hands before our socket
-      // closes, so the peer learns the count before it sees the close.
-      iovec iov{r->owned.data(), r->owned.size()};
-      fi_msg_tagged msg{};
-      msg.msg_iov = &iov;
-      msg.iov_count = 1;
-      msg.addr = peer_;
-      msg.tag = kControlTag;
-      msg.context = &r->fi_ctx;
-      while ((rc = static_cast<int>(fi_tsendmsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE))) ==
-                 -FI_EAGAIN &&
-             absl::GetCurrentTimeNanos() < deadline) {
-        ProgressLocked(&out, nullptr);
-      }
-      if (rc != 0) {
-        outstanding_.erase(r);
-        delete r;
+      if (dead_ || ep_ == nullptr || !connected_) return;
+      ProgressLocked(&out, nullptr);
+      uint8_t fin[9];
+      fin[0] = kFinMarker;
+      std::memcpy(fin + 1, &user_sent_ok_, 8);
+      if (!cep_) {
+        (void)::send(oob_.get(), fin, sizeof(fin), MSG_NOSIGNAL | MSG_DONTWAIT);
       } else {
-        while (outstanding_.contains(r) && absl::GetCurrentTimeNanos() < deadline) {
+        auto* r = NewRequest(OpType::kSend, 0, sizeof(fin));
+        r->control = true;
+        r->owned.assign(fin, fin + sizeof(fin));
+        outstanding_.insert(r);
+        const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
+        int rc;
+        while ((rc = PostControlSend(r)) == -FI_EAGAIN && absl::GetCurrentTimeNanos() < deadline) {
           ProgressLocked(&out, nullptr);
+        }
+        if (rc != 0) {
+          outstanding_.erase(r);
+          delete r;
+        } else {
+          while (outstanding_.contains(r) && absl::GetCurrentTimeNanos() < deadline) {
+            ProgressLocked(&out, nullptr);
+            if (outstanding_.contains(r)) sched_yield();
+          }
         }
       }
     }
     for (auto& c : out) cq_->Push(std::move(c));
+  }
+
+  int PostControlSend(Request* req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return static_cast<int>(
+        cep_ ? fi_send(cep_, req->owned.data(), req->owned.size(), nullptr, 0, &req->fi_ctx)
+             : fi_tsend(ep_, req->owned.data(), req->owned.size(), nullptr, peer_, kControlTag,
+                        &req->fi_ctx));
+  }
+  int PostControlRecv(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return static_cast<int>(
+        cep_ ? fi_recv(cep_, r->owned.data(), r->owned.size(), nullptr, 0, &r->fi_ctx)
+             : fi_trecv(ep_, r->owned.data(), r->owned.size(), nullptr, peer_, kControlTag, 0,
+                        &r->fi_ctx));
   }
 
   // Called by OfiCq::Progress with the domain lock held.
@@ -940,8 +988,7 @@ class OfiEndpoint final : public Endpoint {
         // Reuse the buffer for the next control message.
         r->fi_ctx = {};
         outstanding_.insert(r);
-        int rc = fi_trecv(ep_, r->owned.data(), r->owned.size(), nullptr, peer_, kControlTag, 0,
-                          &r->fi_ctx);
+        int rc = PostControlRecv(r);
         if (rc != 0) {
           outstanding_.erase(r);
           delete r;
@@ -959,6 +1006,7 @@ class OfiEndpoint final : public Endpoint {
         (st.ok() || st.code() == absl::StatusCode::kOutOfRange)) {
       ++user_received_;  // a message was consumed, truncated or not
     }
+    if (r->op == OpType::kSend && st.ok()) ++user_sent_ok_;
     c.status = std::move(st);
     c.length = c.status.ok() ? (r->op == OpType::kRecv ? len : r->len) : 0;
     if (c.status.ok() && r->user_result != nullptr) *r->user_result = r->result;
@@ -966,21 +1014,41 @@ class OfiEndpoint final : public Endpoint {
     delete r;
   }
 
-  // Periodic liveness check; returns true once the peer is gone.
+  // Periodic liveness check; returns true once the peer is gone. RDM: the
+  // bootstrap socket's end (after the FIN record, if the peer closed
+  // gracefully). MSG: FI_SHUTDOWN (or an error) on the event queue.
   bool CheckPeer() {
-    char c;
-    ssize_t n = ::recv(oob_.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    bool gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-    if (gone) {
-      MutexLock lock(&fab_->dom_mu());
-      // A peer that closed gracefully told us how much it sent: deliver all
-      // of it first (receives posted later still match it).
-      if (fin_ && user_received_ < fin_count_ && !dead_) {
-        peer_closed_ = true;
-        return false;
+    bool gone = false;
+    if (!cep_) {
+      uint8_t fin[9];
+      ssize_t n = ::recv(oob_.get(), fin, sizeof(fin), MSG_PEEK | MSG_DONTWAIT);
+      if (n == static_cast<ssize_t>(sizeof(fin)) && fin[0] == kFinMarker) {
+        (void)::recv(oob_.get(), fin, sizeof(fin), MSG_DONTWAIT);
+        MutexLock lock(&fab_->dom_mu());
+        fin_ = true;
+        std::memcpy(&fin_count_, fin + 1, 8);
+        n = ::recv(oob_.get(), fin, 1, MSG_PEEK | MSG_DONTWAIT);
       }
+      gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+             (n > 0 && fin[0] != kFinMarker);  // not a zsock ofi peer any more
+    } else {
+      gone = ReadEq();
     }
     if (gone) {
+      std::vector<Completion> out;
+      bool wait_for_data = false;
+      {
+        MutexLock lock(&fab_->dom_mu());
+        // Take what the provider finished before it saw the end (the FIN
+        // among it, on MSG endpoints).
+        if (!dead_) ProgressLocked(&out, nullptr);
+        // A peer that closed gracefully told us how much it sent: deliver
+        // all of it first (receives posted later still match it).
+        wait_for_data = fin_ && user_received_ < fin_count_ && !dead_ && !data_gone_;
+        if (wait_for_data) peer_closed_ = true;
+      }
+      for (auto& c : out) cq_->Push(std::move(c));
+      if (wait_for_data) return false;
       Shutdown(MakeError(absl::StatusCode::kAborted, ECONNRESET,
                          absl::StrCat("the ofi peer ", info_.peer_address,
                                       " closed the connection (it exited, was killed or closed the endpoint)"),
@@ -988,6 +1056,36 @@ class OfiEndpoint final : public Endpoint {
                /*closed=*/false);
     }
     return gone;
+  }
+
+  // MSG: reads the event queue; true once the control connection is shut
+  // down (its end follows the FIN in its byte stream) or failed.
+  bool ReadEq() {
+    MutexLock lock(&fab_->dom_mu());
+    if (eq_ == nullptr) return eq_gone_;
+    for (;;) {
+      uint32_t event = 0;
+      fi_eq_cm_entry entry{};
+      ssize_t n = fi_eq_read(eq_, &event, &entry, sizeof(entry), 0);
+      if (n == -FI_EAVAIL) {
+        fi_eq_err_entry err{};
+        if (fi_eq_readerr(eq_, &err, 0) > 0) {
+          ZS_LOG(kInfo, "ofi connection to %s: event queue error: %s", info_.peer_address,
+                 fi_strerror(err.err < 0 ? -err.err : err.err));
+          eq_gone_ = true;
+        }
+        continue;
+      }
+      if (n <= 0) break;
+      if (event == FI_SHUTDOWN) {
+        eq_gone_ = true;
+        // The data connection's end: the provider reads a connection's
+        // bytes only into posted receives, so everything sent before it is
+        // in our CQ by now; nothing more can come (a truncation ends it too).
+        if (entry.fid == &ep_->fid) data_gone_ = true;
+      }
+    }
+    return eq_gone_;
   }
 
   // Retries operations that met EAGAIN.
@@ -1160,8 +1258,7 @@ class OfiEndpoint final : public Endpoint {
     r->control = true;
     r->owned.resize(kControlBuf);
     outstanding_.insert(r);
-    int rc = fi_trecv(ep_, r->owned.data(), r->owned.size(), nullptr, peer_, kControlTag, 0,
-                      &r->fi_ctx);
+    int rc = PostControlRecv(r);
     if (rc != 0) {
       outstanding_.erase(r);
       delete r;
@@ -1184,9 +1281,18 @@ class OfiEndpoint final : public Endpoint {
       dead_status_ = why;
       ZS_LOG(kInfo, "ofi endpoint to %s is down: %s", info_.peer_address, why.ToString());
       fail_emulated = true;
-      ::shutdown(oob_.get(), SHUT_RDWR);
-      cq_->Unwatch(oob_.get());
+      if (oob_) {
+        ::shutdown(oob_.get(), SHUT_RDWR);
+        cq_->Unwatch(oob_.get());
+      }
+      if (eq_fd_ >= 0) cq_->Unwatch(eq_fd_);
+      if (cep_) {
+        fi_shutdown(cep_, 0);
+        fi_close(&cep_->fid);
+        cep_ = nullptr;
+      }
       if (ep_) {
+        if (msg_ep_) fi_shutdown(ep_, 0);
         fi_close(&ep_->fid);
         ep_ = nullptr;
       }
@@ -1213,6 +1319,11 @@ class OfiEndpoint final : public Endpoint {
         fi_close(&av_->fid);
         av_ = nullptr;
       }
+      if (eq_) {
+        fi_close(&eq_->fid);
+        eq_ = nullptr;
+        eq_fd_ = -1;
+      }
       pinned_.clear();
     }
     for (auto& c : out) cq_->Push(std::move(c));
@@ -1223,10 +1334,16 @@ class OfiEndpoint final : public Endpoint {
   OfiFabric* fab_;
   OfiCq* cq_;
   fid_ep* ep_;
+  fid_ep* cep_ = nullptr;  // MSG: the control connection
+  fid_eq* eq_ = nullptr;   // MSG: connection events of ep_ and cep_
+  int eq_fd_ = -1;
+  bool eq_gone_ = false;   // MSG: FI_SHUTDOWN seen
+  bool data_gone_ = false; // MSG: ... on the data connection
+  const bool msg_ep_ = cep_ != nullptr;
   fid_av* av_;
   fid_cq* fcq_;  // this endpoint's own fi CQ
   int fcq_fd_;   // its wait fd, or -1
-  uint64_t user_sent_ = 0;      // user messages sent
+  uint64_t user_sent_ok_ = 0;   // user sends completed successfully
   uint64_t user_received_ = 0;  // user messages consumed by receives
   bool fin_ = false;            // the peer announced its close
   uint64_t fin_count_ = 0;      // ... after sending this many messages
@@ -1236,6 +1353,7 @@ class OfiEndpoint final : public Endpoint {
   EndpointInfo info_;
   bool closed_ = false;
   bool dead_ = false;
+  bool connected_ = true;  // MSG: false until both halves are connected
   absl::Status dead_status_;
   absl::flat_hash_set<Request*> outstanding_;
   std::deque<std::pair<Request*, PostFn>> backlog_;
@@ -1442,7 +1560,7 @@ class OfiListener final : public Listener {
   std::string address_;
 };
 
-absl::StatusOr<std::unique_ptr<Listener>> OfiFabric::Listen(absl::string_view address) {
+absl::StatusOr<std::unique_ptr<Listener>> OfiFabric::ListenRdm(absl::string_view address) {
   socklen_t len = 0;
   auto ss = ParseHostPort(address.empty() ? "127.0.0.1:0" : address, &len);
   if (!ss.ok()) return ss.status();
@@ -1461,9 +1579,9 @@ absl::StatusOr<std::unique_ptr<Listener>> OfiFabric::Listen(absl::string_view ad
   return std::unique_ptr<Listener>(new OfiListener(this, std::move(sock), FormatHostPort(bound)));
 }
 
-absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Connect(absl::string_view address,
-                                                            CompletionQueue* cq,
-                                                            absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectRdm(absl::string_view address,
+                                                               CompletionQueue* cq,
+                                                               absl::Duration timeout) {
   socklen_t len = 0;
   auto ss = ParseHostPort(address, &len);
   if (!ss.ok()) return ss.status();
@@ -1488,12 +1606,355 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Connect(absl::string_view a
   }
 }
 
+// ------------------------------------------------------------ connected (FI_EP_MSG) endpoints
+
+// Connection-request data: which half of a zsock connection this is.
+struct CmData {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t kind;  // kCmData or kCmControl
+  uint8_t reserved;
+  uint64_t nonce;  // pairs the two halves
+};
+constexpr uint8_t kCmData = 0, kCmControl = 1;
+
+absl::Status OpenEq(fid_fabric* fabric, fid_eq** eq, int* fd) {
+  fi_eq_attr attr{};
+  attr.size = 64;
+  attr.wait_obj = FI_WAIT_FD;
+  int rc = fi_eq_open(fabric, &attr, eq, nullptr);
+  if (rc != 0) return FiError(rc, "fi_eq_open", "raise the fd limit (ulimit -n)");
+  if ((rc = fi_control(&(*eq)->fid, FI_GETWAIT, fd)) != 0) {
+    fi_close(&(*eq)->fid);
+    *eq = nullptr;
+    return FiError(rc, "fi_control(FI_GETWAIT) on an event queue");
+  }
+  return absl::OkStatus();
+}
+
+// An fi_eq_cm_entry with room for its connection data (the struct ends in
+// a flexible array member).
+struct CmEvent {
+  alignas(fi_eq_cm_entry) uint8_t raw[sizeof(fi_eq_cm_entry) + 256];
+  fi_eq_cm_entry* entry() { return reinterpret_cast<fi_eq_cm_entry*>(raw); }
+  uint8_t* data() { return raw + sizeof(fi_eq_cm_entry); }
+};
+
+// Reads one event from `eq` (sleeping on its fd, reading under the domain
+// lock), until `deadline`. Error entries become statuses naming `what`.
+absl::StatusOr<uint32_t> EqNext(absl::Mutex* dom_mu, fid_eq* eq, int fd, CmEvent* ev, size_t* len,
+                                absl::Time deadline, absl::string_view what) {
+  for (;;) {
+    uint32_t event = 0;
+    ssize_t n;
+    {
+      MutexLock lock(dom_mu);
+      n = fi_eq_read(eq, &event, ev->raw, sizeof(ev->raw), 0);
+      if (n == -FI_EAVAIL) {
+        fi_eq_err_entry err{};
+        if (fi_eq_readerr(eq, &err, 0) > 0) {
+          int e = err.err < 0 ? -err.err : err.err;
+          return MakeError(e == ECONNREFUSED ? absl::StatusCode::kUnavailable : absl::StatusCode::kAborted,
+                           e < 256 ? e : EIO,
+                           absl::StrCat(what, ": the event queue reported ", fi_strerror(e),
+                                        " (fi_eq_readerr)"),
+                           e == ECONNREFUSED ? "start a listener there first"
+                                             : "check that the peer runs zsock with the same ofi provider");
+        }
+        continue;
+      }
+    }
+    if (n > 0) {
+      *len = static_cast<size_t>(n);
+      return event;
+    }
+    if (n != -FI_EAGAIN) return FiError(static_cast<int>(n), absl::StrCat(what, ": fi_eq_read"));
+    int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) {
+      return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                       absl::StrCat(what, ": no connection event in time"),
+                       "check that the peer runs zsock with the same ofi provider");
+    }
+    // The provider may need fi_eq_read itself to progress connections:
+    // sleep on the fd in bounded steps.
+    pollfd pfd{fd, POLLIN, 0};
+    ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 10)));
+  }
+}
+
+class OfiMsgListener final : public Listener {
+ public:
+  OfiMsgListener(OfiFabric* fabric, fid_pep* pep, fid_eq* eq, int eq_fd, std::string address)
+      : fabric_(fabric), pep_(pep), eq_(eq), eq_fd_(eq_fd), address_(std::move(address)) {}
+  ~OfiMsgListener() override {
+    MutexLock lock(&mu_);
+    for (auto& p : pending_) {
+      {
+        MutexLock dom(&fabric_->dom_mu());
+        fi_reject(pep_, p.info->handle, nullptr, 0);
+      }
+      fi_freeinfo(p.info);
+    }
+    fi_close(&pep_->fid);
+    fi_close(&eq_->fid);
+  }
+  std::string address() const override { return address_; }
+  int fd() const override { return eq_fd_; }
+
+  absl::StatusOr<std::unique_ptr<Endpoint>> Accept(CompletionQueue* cq, absl::Duration timeout) override {
+    absl::Time deadline = absl::Now() + timeout;
+    MutexLock lock(&mu_);
+    auto data = Take(kCmData, 0, deadline);
+    if (!data.ok()) return data.status();
+    // The control half follows within the connect timeout.
+    absl::Time ctrl_deadline =
+        std::max(deadline, absl::Now() + std::min(fabric_->settings().connect_timeout, absl::Seconds(10)));
+    auto ctrl = Take(kCmControl, data->cm.nonce, ctrl_deadline);
+    if (!ctrl.ok()) {
+      Reject(data->info);
+      return ctrl.status();
+    }
+    auto ep = fabric_->EstablishMsg(data->info, ctrl->info, nullptr, data->cm.nonce, cq,
+                                    std::max(ctrl_deadline, absl::Now() + absl::Seconds(1)));
+    fi_freeinfo(data->info);
+    fi_freeinfo(ctrl->info);
+    return ep;
+  }
+
+ private:
+  struct Pending {
+    fi_info* info;
+    CmData cm;
+  };
+
+  void Reject(fi_info* info) {
+    {
+      MutexLock dom(&fabric_->dom_mu());
+      fi_reject(pep_, info->handle, nullptr, 0);
+    }
+    fi_freeinfo(info);
+  }
+
+  // The next connection request of `kind` (and, for control, `nonce`);
+  // others wait in pending_ for their own Accept.
+  absl::StatusOr<Pending> Take(uint8_t kind, uint64_t nonce, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (;;) {
+      for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+        if (it->cm.kind == kind && (kind == kCmData || it->cm.nonce == nonce)) {
+          Pending p = *it;
+          pending_.erase(it);
+          return p;
+        }
+      }
+      CmEvent ev{};
+      size_t len = 0;
+      auto event = EqNext(&fabric_->dom_mu(), eq_, eq_fd_, &ev, &len, deadline,
+                          absl::StrCat("accepting on ofi address ", address_));
+      if (!event.ok()) {
+        if (event.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                           absl::StrCat("no connection arrived at ofi address ", address_, " in time"),
+                           "connect a peer to this address, or wait longer");
+        }
+        ZS_LOG(kInfo, "%s", event.status().ToString());
+        continue;  // a failed request does not end the listener
+      }
+      if (*event != FI_CONNREQ) continue;
+      fi_info* info = ev.entry()->info;
+      CmData cm{};
+      if (len < sizeof(fi_eq_cm_entry) + sizeof(cm)) {
+        Reject(info);
+        continue;
+      }
+      std::memcpy(&cm, ev.data(), sizeof(cm));
+      if (cm.magic != kHelloMagic || cm.version != kHelloVersion || cm.kind > kCmControl) {
+        ZS_LOG(kInfo, "ofi listener %s: rejected a connection request that is not from zsock", address_);
+        Reject(info);
+        continue;
+      }
+      pending_.push_back(Pending{info, cm});
+    }
+  }
+
+  OfiFabric* fabric_;
+  fid_pep* pep_;
+  fid_eq* eq_;
+  int eq_fd_;
+  std::string address_;
+  absl::Mutex mu_;
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+fi_info* OfiFabric::MsgHints() const {
+  fi_info* hints = MakeHints(settings_, FI_EP_MSG, info_->caps & (FI_MSG | FI_RMA | FI_ATOMIC), kMrModes);
+  free(hints->fabric_attr->prov_name);
+  hints->fabric_attr->prov_name = strdup(info_->fabric_attr->prov_name);
+  return hints;
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> OfiFabric::ListenMsg(absl::string_view address) {
+  socklen_t sl = 0;
+  auto ss = ParseHostPort(address.empty() ? "127.0.0.1:0" : address, &sl);
+  if (!ss.ok()) return ss.status();
+  std::string hp = FormatHostPort(*ss);
+  std::string host = hp.substr(0, hp.rfind(':')), port = hp.substr(hp.rfind(':') + 1);
+  if (!host.empty() && host[0] == '[') host = host.substr(1, host.size() - 2);
+  fi_info* hints = MsgHints();
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(kFiVersion, host.c_str(), port.c_str(), FI_SOURCE, hints, &info);
+  fi_freeinfo(hints);
+  if (rc != 0) {
+    return FiError(rc, absl::StrCat("fi_getinfo for an ofi listener on ", hp),
+                   "use an address of this host on the configured iface");
+  }
+  fid_eq* eq = nullptr;
+  int eq_fd = -1;
+  fid_pep* pep = nullptr;
+  auto fail = [&](absl::Status st) {
+    if (pep) fi_close(&pep->fid);
+    if (eq) fi_close(&eq->fid);
+    fi_freeinfo(info);
+    return st;
+  };
+  if (auto st = OpenEq(fabric_, &eq, &eq_fd); !st.ok()) return fail(st);
+  if ((rc = fi_passive_ep(fabric_, info, &pep, nullptr)) != 0) return fail(FiError(rc, "fi_passive_ep"));
+  if ((rc = fi_pep_bind(pep, &eq->fid, 0)) != 0) return fail(FiError(rc, "fi_pep_bind(eq)"));
+  if ((rc = fi_listen(pep)) != 0) {
+    return fail(FiError(rc, absl::StrCat("fi_listen on ", hp),
+                        rc == -FI_EADDRINUSE ? "pick another port" : "use an address of this host"));
+  }
+  sockaddr_storage bound{};
+  size_t bl = sizeof(bound);
+  if ((rc = fi_getname(&pep->fid, &bound, &bl)) != 0) return fail(FiError(rc, "fi_getname(pep)"));
+  fi_freeinfo(info);
+  return std::unique_ptr<Listener>(new OfiMsgListener(this, pep, eq, eq_fd, FormatHostPort(bound)));
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectMsg(absl::string_view address,
+                                                               CompletionQueue* cq,
+                                                               absl::Duration timeout) {
+  socklen_t sl = 0;
+  auto ss = ParseHostPort(address, &sl);
+  if (!ss.ok()) return ss.status();
+  std::string hp = FormatHostPort(*ss);
+  std::string host = hp.substr(0, hp.rfind(':')), port = hp.substr(hp.rfind(':') + 1);
+  if (!host.empty() && host[0] == '[') host = host.substr(1, host.size() - 2);
+  fi_info* hints = MsgHints();
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(kFiVersion, host.c_str(), port.c_str(), 0, hints, &info);
+  fi_freeinfo(hints);
+  if (rc != 0) {
+    return FiError(rc, absl::StrCat("fi_getinfo for an ofi connection to ", hp),
+                   "check the address and the iface= option");
+  }
+  uint64_t nonce = (static_cast<uint64_t>(::getpid()) << 32) ^ next_nonce_.fetch_add(1) ^
+                   static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+  auto ep = EstablishMsg(info, info, info->dest_addr, nonce, cq, absl::Now() + timeout);
+  fi_freeinfo(info);
+  return ep;
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_info, fi_info* ctrl_info,
+                                                                 const void* dest, uint64_t nonce,
+                                                                 CompletionQueue* cq, absl::Time deadline) {
+  auto* ocq = dynamic_cast<OfiCq*>(cq);
+  const bool active = dest != nullptr;
+  fid_ep* ep = nullptr;
+  fid_ep* cep = nullptr;
+  fid_eq* eq = nullptr;
+  int eq_fd = -1;
+  fid_cq* fcq = nullptr;
+  int fcq_fd = -1;
+  auto fail = [&](absl::Status st) {
+    MutexLock lock(&dom_mu_);
+    if (!active) {
+      // Refuse what was not accepted, so the peer does not wait.
+      if (ep == nullptr) fi_reject(nullptr, data_info->handle, nullptr, 0);
+    }
+    if (cep) fi_close(&cep->fid);
+    if (ep) fi_close(&ep->fid);
+    if (fcq) fi_close(&fcq->fid);
+    if (eq) fi_close(&eq->fid);
+    return st;
+  };
+  if (ocq == nullptr) {
+    return fail(MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                          "the completion queue does not belong to an ofi fabric",
+                          "create the CQ with the same fabric as the endpoint"));
+  }
+  {
+    MutexLock lock(&dom_mu_);
+    int rc;
+    if (auto st = OpenEq(fabric_, &eq, &eq_fd); !st.ok()) return fail(st);
+    if ((rc = fi_endpoint(domain_, data_info, &ep, nullptr)) != 0) return fail(FiError(rc, "fi_endpoint"));
+    if ((rc = fi_endpoint(domain_, ctrl_info, &cep, nullptr)) != 0) return fail(FiError(rc, "fi_endpoint"));
+    if (auto st = OpenEndpointCq(domain_, caps_.wait_fd, &fcq, &fcq_fd); !st.ok()) return fail(st);
+    for (fid_ep* e : {ep, cep}) {
+      if ((rc = fi_ep_bind(e, &eq->fid, 0)) != 0) return fail(FiError(rc, "fi_ep_bind(eq)"));
+      if ((rc = fi_ep_bind(e, &fcq->fid, FI_TRANSMIT | FI_RECV)) != 0) return fail(FiError(rc, "fi_ep_bind(cq)"));
+      if ((rc = fi_enable(e)) != 0) return fail(FiError(rc, "fi_enable"));
+    }
+  }
+  EndpointInfo info;
+  info.peer_on_host = caps_.peer_on_host;
+  info.rdma_read = caps_.rdma_read;
+  info.rdma_write = caps_.rdma_write;
+  info.atomics = caps_.atomics;
+  info.notes.push_back(absl::StrCat("ofi provider ", info_->fabric_attr->prov_name,
+                                    " (connected FI_EP_MSG endpoints), domain ", info_->domain_attr->name));
+  // The endpoint owns the fi objects from here; it joins the CQ once
+  // connected (until then nothing else reads its event queue).
+  auto endpoint = std::make_unique<OfiEndpoint>(this, ocq, ep, cep, eq, eq_fd, fcq, fcq_fd, std::move(info));
+  const std::string what = active ? "connecting an ofi endpoint" : "accepting an ofi connection";
+  if (auto st = endpoint->Start(); !st.ok()) return st;  // control receives before the peer can send
+  {
+    MutexLock lock(&dom_mu_);
+    int rc;
+    if (active) {
+      CmData cm{kHelloMagic, kHelloVersion, kCmData, 0, nonce};
+      if ((rc = fi_connect(ep, dest, &cm, sizeof(cm))) != 0) return FiError(rc, "fi_connect");
+      cm.kind = kCmControl;
+      if ((rc = fi_connect(cep, dest, &cm, sizeof(cm))) != 0) return FiError(rc, "fi_connect");
+    } else {
+      if ((rc = fi_accept(ep, nullptr, 0)) != 0) return FiError(rc, "fi_accept");
+      if ((rc = fi_accept(cep, nullptr, 0)) != 0) return FiError(rc, "fi_accept");
+    }
+  }
+  bool data_up = false, ctrl_up = false;
+  while (!data_up || !ctrl_up) {
+    CmEvent ev{};
+    size_t len = 0;
+    auto event = EqNext(&dom_mu_, eq, eq_fd, &ev, &len, deadline, what);
+    if (!event.ok()) return event.status();
+    if (*event == FI_CONNECTED) {
+      if (ev.entry()->fid == &ep->fid) data_up = true;
+      if (ev.entry()->fid == &cep->fid) ctrl_up = true;
+    } else if (*event == FI_SHUTDOWN) {
+      return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
+                       absl::StrCat(what, ": the peer shut the connection down while it was set up"),
+                       "check the peer's log");
+    }
+  }
+  endpoint->Connected();
+  return std::unique_ptr<Endpoint>(std::move(endpoint));
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> OfiFabric::Listen(absl::string_view address) {
+  return msg_ ? ListenMsg(address) : ListenRdm(address);
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Connect(absl::string_view address, CompletionQueue* cq,
+                                                            absl::Duration timeout) {
+  return msg_ ? ConnectMsg(address, cq, timeout) : ConnectRdm(address, cq, timeout);
+}
+
 const bool kRegistered = RegisterProvider(ProviderInfo{
     "ofi",
     "libfabric reliable-datagram endpoints (tcp;ofi_rxm, shm, verbs;ofi_rxm, ...)",
     // ofi:shm passes 9 of the 14 conformance bodies; it joins this list
     // once the rest pass (docs/ofi.md, "Status").
-    {"ofi:tcp;ofi_rxm?iface=lo", "ofi:shm"},
+    {"ofi:tcp;ofi_rxm?iface=lo", "ofi:shm", "ofi:tcp?iface=lo", "ofi:verbs", "ofi:verbs;ofi_rxm"},
     [](const FabricSpec& spec) { return OfiFabric::Open(spec); },
 });
 
