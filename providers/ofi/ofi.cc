@@ -76,6 +76,9 @@ constexpr uint16_t kHelloVersion = 2;
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
 constexpr int64_t kMinPollNs = 50 * 1000;     // CQ poll timer without a wait object
 constexpr int64_t kMaxPollNs = 1000 * 1000;
+// After a graceful close, how long a posted receive waits for the rest of
+// what the peer announced before the connection is reported lost.
+constexpr int64_t kLingerNs = 1000 * 1000 * 1000;
 constexpr uint8_t kFinMarker = 0xf1;  // control message: graceful close
 
 // ------------------------------------------------------------ errors
@@ -1007,6 +1010,7 @@ class OfiEndpoint final : public Endpoint {
       ++user_received_;  // a message was consumed, truncated or not
     }
     if (r->op == OpType::kSend && st.ok()) ++user_sent_ok_;
+    if (r->op == OpType::kRecv) last_delivery_ns_ = absl::GetCurrentTimeNanos();
     c.status = std::move(st);
     c.length = c.status.ok() ? (r->op == OpType::kRecv ? len : r->len) : 0;
     if (c.status.ok() && r->user_result != nullptr) *r->user_result = r->result;
@@ -1045,7 +1049,18 @@ class OfiEndpoint final : public Endpoint {
         // A peer that closed gracefully told us how much it sent: deliver
         // all of it first (receives posted later still match it).
         wait_for_data = fin_ && user_received_ < fin_count_ && !dead_ && !data_gone_;
-        if (wait_for_data) peer_closed_ = true;
+        const int64_t now = absl::GetCurrentTimeNanos();
+        if (wait_for_data && !peer_closed_) {
+          peer_closed_ = true;
+          last_delivery_ns_ = now;
+        }
+        // What the peer sent is here or in flight: a receive that stays
+        // posted for a second after the peer's end without meeting anything
+        // means the rest was lost (libfabric tcp ends its connection on a
+        // truncation, dropping what followed).
+        if (wait_for_data && UserRecvPostedLocked() && now - last_delivery_ns_ > kLingerNs) {
+          wait_for_data = false;
+        }
       }
       for (auto& c : out) cq_->Push(std::move(c));
       if (wait_for_data) return false;
@@ -1086,6 +1101,13 @@ class OfiEndpoint final : public Endpoint {
       }
     }
     return eq_gone_;
+  }
+
+  bool UserRecvPostedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    for (Request* r : outstanding_) {
+      if (!r->control && r->op == OpType::kRecv) return true;
+    }
+    return false;
   }
 
   // Retries operations that met EAGAIN.
@@ -1348,6 +1370,7 @@ class OfiEndpoint final : public Endpoint {
   bool fin_ = false;            // the peer announced its close
   uint64_t fin_count_ = 0;      // ... after sending this many messages
   bool peer_closed_ = false;    // its socket closed; delivering what it sent
+  int64_t last_delivery_ns_ = 0;  // last user receive completion (or the close)
   fi_addr_t peer_;
   Fd oob_;
   EndpointInfo info_;
