@@ -1,23 +1,32 @@
 // ofi: the zsock provider interface over libfabric (1.17, Debian's
-// libfabric-dev), for reliable-datagram providers: `ofi:tcp;ofi_rxm` (the CI
-// default), `ofi:shm`, `ofi:verbs;ofi_rxm` where hardware exists, or `ofi:`
-// for whatever fi_getinfo prefers.
+// libfabric-dev). Configurations: `ofi:tcp;ofi_rxm` (the CI default),
+// `ofi:shm`, `ofi:verbs;ofi_rxm` (reliable-datagram, FI_EP_RDM), `ofi:tcp`
+// and `ofi:verbs` (connected, FI_EP_MSG), or `ofi:` for whatever fi_getinfo
+// offers first.
 //
-// Connections: each zsock endpoint owns one FI_EP_RDM endpoint and an
+// RDM connections: each zsock endpoint owns one FI_EP_RDM endpoint and an
 // address vector holding its one peer. The peers exchange their fi_getname
 // addresses over an out-of-band TCP socket (the listener's address is that
-// socket's "IP:PORT"), which then stays open as the liveness signal: its
-// closing fails every operation on the endpoint within a second, which
-// connectionless RDM endpoints would not otherwise do.
+// socket's "IP:PORT"), which then stays open as the liveness signal and
+// carries the graceful-close FIN.
 //
-// Messages use the tagged interface: user messages and core's control
+// MSG connections: a passive endpoint listens (fi_listen, its event queue
+// waited on through FI_WAIT_FD); a zsock connection is two FI_EP_MSG
+// endpoints, one for user messages and RMA, one for core's control
+// messages (untagged providers cannot keep them apart otherwise), paired by
+// a nonce in the connection data. FI_SHUTDOWN on the endpoint's event queue
+// reports the peer's end.
+//
+// RDM messages use the tagged interface: user messages and core's control
 // messages carry different tags, so a user message waiting for a posted
 // receive never blocks control traffic. RMA uses fi_read/fi_write, atomics
 // fi_fetch_atomic/fi_compare_atomic where fi_query_atomic allows (else core
-// emulation). Registration follows every mr_mode bit the provider demands
-// (FI_MR_LOCAL, VIRT_ADDR, ALLOCATED, PROV_KEY, RAW; FI_MR_ENDPOINT is not
-// requested). Completion queues wait on FI_WAIT_FD with fi_trywait; a
-// provider without a wait object (shm) is waited on with a 1 ms timerfd.
+// emulation); shm's one-sided operations are emulated (it does not refuse
+// bad keys). Registration follows every mr_mode bit the provider demands
+// (FI_MR_LOCAL, VIRT_ADDR, ALLOCATED, PROV_KEY, RAW; a provider that
+// requires FI_MR_ENDPOINT is refused with that reason). Completion queues
+// wait on FI_WAIT_FD with fi_trywait; a provider without a wait object (shm)
+// is waited on with a timer backing off from 50 us to 1 ms.
 // Design notes and limits: docs/ofi.md.
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -1974,9 +1983,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Connect(absl::string_view a
 
 const bool kRegistered = RegisterProvider(ProviderInfo{
     "ofi",
-    "libfabric reliable-datagram endpoints (tcp;ofi_rxm, shm, verbs;ofi_rxm, ...)",
-    // ofi:shm passes 9 of the 14 conformance bodies; it joins this list
-    // once the rest pass (docs/ofi.md, "Status").
+    "libfabric endpoints: reliable-datagram (tcp;ofi_rxm, shm, verbs;ofi_rxm) and connected (tcp, verbs)",
+    // verbs configurations share the MSG and rxm code paths; without an
+    // RDMA device they are unavailable and the conformance suite skips them.
     {"ofi:tcp;ofi_rxm?iface=lo", "ofi:shm", "ofi:tcp?iface=lo", "ofi:verbs", "ofi:verbs;ofi_rxm"},
     [](const FabricSpec& spec) { return OfiFabric::Open(spec); },
 });
