@@ -1129,7 +1129,7 @@ class OfiEndpoint final : public Endpoint {
       backlog_.pop_front();
       if (rc != 0) {
         outstanding_.erase(req);
-        CompleteLocked(req, FiError(rc, "posting an ofi operation"), 0, out, nullptr);
+        CompleteLocked(req, FiError(rc, CallName(req), "the provider refused the operation"), 0, out, nullptr);
       }
     }
   }
@@ -1156,6 +1156,19 @@ class OfiEndpoint final : public Endpoint {
     return (*reg)->desc();
   }
 
+  // The libfabric call that posts `r`, for error messages.
+  const char* CallName(const Request* r) const {
+    switch (r->op) {
+      case OpType::kSend: return cep_ ? "fi_send" : "fi_tsend";
+      case OpType::kRecv: return cep_ ? "fi_recv" : "fi_trecv";
+      case OpType::kRead: return "fi_read";
+      case OpType::kWrite: return "fi_writemsg(FI_DELIVERY_COMPLETE)";
+      case OpType::kFetchAdd: return "fi_fetch_atomic(FI_SUM)";
+      case OpType::kCompareSwap: return "fi_compare_atomic(FI_CSWAP)";
+    }
+    return "posting an ofi operation";
+  }
+
   absl::Status Submit(Request* r, const PostFn& post) {
     MutexLock lock(&fab_->dom_mu());
     if (closed_ || dead_) {
@@ -1175,10 +1188,10 @@ class OfiEndpoint final : public Endpoint {
       return absl::OkStatus();
     }
     if (rc != 0) {
+      const char* call = CallName(r);
       outstanding_.erase(r);
       delete r;
-      return FiError(rc, "posting an ofi operation",
-                     "the provider refused the operation; check sizes and registrations");
+      return FiError(rc, call, "the provider refused the operation; check sizes and registrations");
     }
     return absl::OkStatus();
   }
