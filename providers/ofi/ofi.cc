@@ -846,6 +846,9 @@ class OfiEndpoint final : public Endpoint {
 
   // This endpoint's fi CQ, while open (domain lock or CQ list lock held).
   fid_cq* cq_fid() const { return fcq_; }
+  // MSG: its event queue, while open; fi_trywait covers it too (libfabric
+  // tcp signals the EQ's fd for its own progress: trywait resets it).
+  fid_eq* eq_fid() const { return eq_; }
 
   // Reads this endpoint's completions and retries what met EAGAIN.
   size_t ProgressLocked(std::vector<Completion>* out, std::vector<std::vector<uint8_t>>* control)
@@ -1450,6 +1453,7 @@ bool OfiCq::ArmProvider() {
   std::vector<fid*> fids;
   for (OfiEndpoint* ep : endpoints_) {
     if (fid_cq* cq = ep->cq_fid()) fids.push_back(&cq->fid);
+    if (fid_eq* eq = ep->eq_fid()) fids.push_back(&eq->fid);
   }
   if (fids.empty()) return true;
   MutexLock lock(&fabric_->dom_mu());
@@ -1913,10 +1917,6 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_
   int fcq_fd = -1;
   auto fail = [&](absl::Status st) {
     MutexLock lock(&dom_mu_);
-    if (!active) {
-      // Refuse what was not accepted, so the peer does not wait.
-      if (ep == nullptr) fi_reject(nullptr, data_info->handle, nullptr, 0);
-    }
     if (cep) fi_close(&cep->fid);
     if (ep) fi_close(&ep->fid);
     if (fcq) fi_close(&fcq->fid);

@@ -1,9 +1,14 @@
 // ofi provider specifics the conformance suite does not cover: how a
 // configuration string resolves to a libfabric provider, and the errors for
 // one that does not exist or cannot run here.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <thread>
+
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "core/provider.h"
 #include "gtest/gtest.h"
 
@@ -55,6 +60,55 @@ TEST(OfiOpen, ConfigurationsResolveToTheirEndpointTypes) {
   EXPECT_EQ((*shm)->caps().rdma_read, Support::kEmulated);
   EXPECT_FALSE((*shm)->caps().wait_fd);
 }
+
+// A thread blocked in Wait on a connected but idle endpoint sleeps: it uses
+// a small fraction of a core (shm, without a CQ wait object, wakes at most
+// every millisecond), whichever way the provider signals.
+class OfiIdleWait : public ::testing::TestWithParam<std::string> {};
+
+double ThreadCpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_THREAD, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+TEST_P(OfiIdleWait, BlockedWaitDoesNotSpin) {
+  auto fabric = Fabric::Open(GetParam());
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
+  std::thread acceptor([&] { accepted = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
+  auto ep = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  char buf[16];
+  ASSERT_TRUE((*ep)->PostRecv(buf, sizeof(buf), nullptr, 1).ok());
+  const double cpu0 = ThreadCpuSeconds();
+  const absl::Time t0 = absl::Now();
+  Completion c;
+  auto n = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1000));
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double cpu = ThreadCpuSeconds() - cpu0;
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 0u);
+  EXPECT_GE(wall, 0.9);
+  std::printf("%s: %.4f s CPU in %.3f s blocked\n", GetParam().c_str(), cpu, wall);
+  EXPECT_LT(cpu, 0.1 * wall) << GetParam() << ": a blocked wait used " << cpu << " s of CPU in "
+                              << wall << " s";
+}
+
+INSTANTIATE_TEST_SUITE_P(Configurations, OfiIdleWait,
+                         ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name;
+                           for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace zsock
