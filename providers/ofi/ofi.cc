@@ -1690,9 +1690,11 @@ struct CmEvent {
 };
 
 // Reads one event from `eq` (sleeping on its fd, reading under the domain
-// lock), until `deadline`. Error entries become statuses naming `what`.
+// lock), until `deadline`. Error entries become statuses naming `what`
+// (and set *error_entry, when given).
 absl::StatusOr<uint32_t> EqNext(absl::Mutex* dom_mu, fid_eq* eq, int fd, CmEvent* ev, size_t* len,
-                                absl::Time deadline, absl::string_view what) {
+                                absl::Time deadline, absl::string_view what,
+                                bool* error_entry = nullptr) {
   for (;;) {
     uint32_t event = 0;
     ssize_t n;
@@ -1702,6 +1704,7 @@ absl::StatusOr<uint32_t> EqNext(absl::Mutex* dom_mu, fid_eq* eq, int fd, CmEvent
       if (n == -FI_EAVAIL) {
         fi_eq_err_entry err{};
         if (fi_eq_readerr(eq, &err, 0) > 0) {
+          if (error_entry != nullptr) *error_entry = true;
           int e = err.err < 0 ? -err.err : err.err;
           return MakeError(e == ECONNREFUSED ? absl::StatusCode::kUnavailable : absl::StatusCode::kAborted,
                            e < 256 ? e : EIO,
@@ -1798,16 +1801,18 @@ class OfiMsgListener final : public Listener {
       }
       CmEvent ev{};
       size_t len = 0;
+      bool error_entry = false;
       auto event = EqNext(&fabric_->dom_mu(), eq_, eq_fd_, &ev, &len, deadline,
-                          absl::StrCat("accepting on ofi address ", address_));
+                          absl::StrCat("accepting on ofi address ", address_), &error_entry);
       if (!event.ok()) {
         if (event.status().code() == absl::StatusCode::kDeadlineExceeded) {
           return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
                            absl::StrCat("no connection arrived at ofi address ", address_, " in time"),
                            "connect a peer to this address, or wait longer");
         }
+        if (!error_entry) return event.status();
         ZS_LOG(kInfo, "%s", event.status().ToString());
-        continue;  // a failed request does not end the listener
+        continue;  // a failed request (an error entry) does not end the listener
       }
       if (*event != FI_CONNREQ) continue;
       fi_info* info = ev.entry()->info;
@@ -1897,11 +1902,21 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectMsg(absl::string_vie
     return FiError(rc, absl::StrCat("fi_getinfo for an ofi connection to ", hp),
                    "check the address and the iface= option");
   }
-  uint64_t nonce = (static_cast<uint64_t>(::getpid()) << 32) ^ next_nonce_.fetch_add(1) ^
-                   static_cast<uint64_t>(absl::GetCurrentTimeNanos());
-  auto ep = EstablishMsg(info, info, info->dest_addr, nonce, cq, absl::Now() + timeout);
-  fi_freeinfo(info);
-  return ep;
+  // Like the RDM path, a refused connection is retried until the deadline
+  // (the listener may not be up yet).
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(1);
+  for (;;) {
+    uint64_t nonce = (static_cast<uint64_t>(::getpid()) << 32) ^ next_nonce_.fetch_add(1) ^
+                     static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+    auto ep = EstablishMsg(info, info, info->dest_addr, nonce, cq, deadline);
+    if (ep.ok() || StatusErrno(ep.status()) != ECONNREFUSED || absl::Now() + backoff > deadline) {
+      fi_freeinfo(info);
+      return ep;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_info, fi_info* ctrl_info,

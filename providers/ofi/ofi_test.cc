@@ -61,6 +61,29 @@ TEST(OfiOpen, ConfigurationsResolveToTheirEndpointTypes) {
   EXPECT_FALSE((*shm)->caps().wait_fd);
 }
 
+// Connecting where nobody listens is retried until the timeout, then fails
+// saying so, on both connection paths.
+TEST(OfiConnect, NoListenerFailsAfterTheTimeoutWithAHint) {
+  for (const char* config : {"ofi:tcp?iface=lo", "ofi:tcp;ofi_rxm?iface=lo"}) {
+    auto fabric = Fabric::Open(config);
+    ASSERT_TRUE(fabric.ok()) << fabric.status();
+    auto cq = (*fabric)->CreateCq();
+    ASSERT_TRUE(cq.ok());
+    std::string address;
+    {
+      auto listener = (*fabric)->Listen("");
+      ASSERT_TRUE(listener.ok()) << listener.status();
+      address = (*listener)->address();
+    }  // closed: nothing listens there now
+    const absl::Time start = absl::Now();
+    auto ep = (*fabric)->Connect(address, cq->get(), absl::Milliseconds(300));
+    ASSERT_FALSE(ep.ok()) << config;
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(200)) << config << ": not retried";
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << config;
+    EXPECT_TRUE(absl::StrContains(ep.status().message(), "listener")) << config << ": " << ep.status();
+  }
+}
+
 // A thread blocked in Wait on a connected but idle endpoint sleeps: it uses
 // a small fraction of a core (shm, without a CQ wait object, wakes at most
 // every millisecond), whichever way the provider signals.
