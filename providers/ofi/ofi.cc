@@ -256,6 +256,13 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
                        "ofi accepts iface=<domain> (e.g. lo, eth0) and FI_* libfabric parameters");
     }
   }
+  // Each zsock connection over rxm is an rxm endpoint with exactly one
+  // peer, but rxm 1.17 sizes the shared receive context of its tcp
+  // connections for many peers: 4096 bounce buffers of 16 KiB (64 MiB) per
+  // endpoint, about 88 MB resident per connection in all. 128 buffers (rxm's
+  // own size without a shared context) bring it to about 36 MB
+  // (docs/ofi.md). Only a default: the environment or an option wins.
+  ::setenv("FI_OFI_RXM_MSG_RX_SIZE", "128", 0);
   return s;
 }
 
