@@ -227,6 +227,7 @@ absl::Status IoAll(int fd, void* buf, size_t len, bool write, absl::Time deadlin
 struct Settings {
   std::string prov;   // prov_name for hints ("" = any)
   std::string iface;  // domain name ("" = libfabric's first choice)
+  bool mr_local = false;  // behave as if the provider demanded FI_MR_LOCAL
   absl::Duration connect_timeout;
 };
 
@@ -239,6 +240,13 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
   for (const auto& [k, v] : spec.options) {
     if (k == "iface" || k == "domain") {
       s.iface = v;
+    } else if (k == "mr_local") {
+      if (v != "on" && v != "off") {
+        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                         absl::StrCat("ofi option mr_local=", v, " is not on or off"),
+                         "write mr_local=on to pass descriptors for every buffer (as FI_MR_LOCAL demands)");
+      }
+      s.mr_local = v == "on";
     } else if (absl::StartsWith(k, "FI_")) {
       // libfabric reads FI_* parameters from the environment when a provider
       // initialises, once per process.
@@ -253,7 +261,7 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
     } else {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                        absl::StrCat("unknown ofi option '", k, "'"),
-                       "ofi accepts iface=<domain> (e.g. lo, eth0) and FI_* libfabric parameters");
+                       "ofi accepts iface=<domain> (e.g. lo, eth0), mr_local=on|off and FI_* libfabric parameters");
     }
   }
   // Each zsock connection over rxm is an rxm endpoint with exactly one
@@ -341,6 +349,7 @@ struct Request {
   uint64_t operand[2] = {0, 0};   // atomic operands
   uint64_t result = 0;            // atomic result lands here
   uint64_t* user_result = nullptr;
+  std::shared_ptr<MemoryRegion> pin;  // FI_MR_LOCAL: a cached registration of the buffer
 };
 
 // ------------------------------------------------------------ memory
@@ -484,7 +493,9 @@ class OfiFabric final : public Fabric {
   // FI_MR_VIRT_ADDR, offsets into the registration otherwise (fi_mr(3)).
   bool virt_addr() const { return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0; }
   bool raw_keys() const { return (info_->domain_attr->mr_mode & FI_MR_RAW) != 0; }
-  bool local_mr() const { return (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0; }
+  bool local_mr() const {
+    return (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0 || settings_.mr_local;
+  }
   const Settings& settings() const { return settings_; }
 
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t len,
@@ -882,7 +893,9 @@ class OfiEndpoint final : public Endpoint {
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
     auto* r = NewRequest(OpType::kSend, context, len);
-    void* desc = Desc(mr, buf, len);
+    auto d = Desc(mr, buf, len, r);
+    if (!d.ok()) return d.status();
+    void* desc = *d;
     // By value: an operation that meets EAGAIN is posted again later.
     return Submit(r, [=, this](Request* req) {
       return cep_ ? fi_send(ep_, buf, len, desc, 0, &req->fi_ctx)
@@ -892,7 +905,9 @@ class OfiEndpoint final : public Endpoint {
 
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
     auto* r = NewRequest(OpType::kRecv, context, len);
-    void* desc = Desc(mr, buf, len);
+    auto d = Desc(mr, buf, len, r);
+    if (!d.ok()) return d.status();
+    void* desc = *d;
     return Submit(r, [=, this](Request* req) {
       return cep_ ? fi_recv(ep_, buf, len, desc, 0, &req->fi_ctx)
                   : fi_trecv(ep_, buf, len, desc, peer_, kUserTag, 0, &req->fi_ctx);
@@ -1156,14 +1171,31 @@ class OfiEndpoint final : public Endpoint {
     return r;
   }
 
-  void* Desc(MemoryRegion* mr, const void* buf, size_t len) {
+  // The descriptor for a local buffer. FI_MR_LOCAL: a buffer passed without
+  // its region gets one from the registration cache, held by the request
+  // until it completes. On failure, `r` is deleted.
+  absl::StatusOr<void*> Desc(MemoryRegion* mr, const void* buf, size_t len, Request* r) {
     if (mr != nullptr) return mr->desc();
     if (!fab_->local_mr() || len == 0) return nullptr;
-    // FI_MR_LOCAL: the provider needs a descriptor; take one from the cache.
     auto reg = fab_->rcache().Get(const_cast<void*>(buf), len, kLocalRead | kLocalWrite);
-    if (!reg.ok()) return nullptr;
-    pinned_.push_back(*reg);
-    return (*reg)->desc();
+    if (reg.ok()) {
+      r->pin = *reg;
+      return r->pin->desc();
+    }
+    if (reg.status().code() == absl::StatusCode::kUnavailable) {
+      // The cache registers whole pages, and a heap buffer shares its page
+      // with memory that other code (the provider's own registration among
+      // it) frees meanwhile, which invalidates the registration in flight.
+      // The buffer itself is live: register exactly it for this operation.
+      auto direct = fab_->RegisterMemory(const_cast<void*>(buf), len, kLocalRead | kLocalWrite);
+      if (direct.ok()) {
+        r->pin = std::shared_ptr<MemoryRegion>(std::move(*direct));
+        return r->pin->desc();
+      }
+      reg = direct.status();
+    }
+    delete r;
+    return reg.status();
   }
 
   // The libfabric call that posts `r`, for error messages.
@@ -1251,7 +1283,9 @@ class OfiEndpoint final : public Endpoint {
       if (auto st = DecodeKey(rkey, remote_addr, len, /*atomic=*/false, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, len);
-    void* desc = Desc(mr, local, len);
+    auto d = Desc(mr, local, len, r);
+    if (!d.ok()) return d.status();
+    void* desc = *d;
     return Submit(r, [=, this](Request* req) {
       return op == OpType::kRead
                  ? fi_read(ep_, local, len, desc, peer_, addr, key, &req->fi_ctx)
@@ -1378,7 +1412,6 @@ class OfiEndpoint final : public Endpoint {
         eq_ = nullptr;
         eq_fd_ = -1;
       }
-      pinned_.clear();
     }
     for (auto& c : out) cq_->Push(std::move(c));
     if (fail_emulated) FailEmulated(why);
@@ -1413,7 +1446,6 @@ class OfiEndpoint final : public Endpoint {
   absl::flat_hash_set<Request*> outstanding_;
   std::deque<std::pair<Request*, PostFn>> backlog_;
   absl::flat_hash_map<std::string, uint64_t> raw_keys_;
-  std::vector<std::shared_ptr<MemoryRegion>> pinned_;
 };
 
 size_t OfiCq::Progress() {

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "core/provider.h"
+#include "core/rcache.h"
 #include "gtest/gtest.h"
 
 namespace zsock {
@@ -149,7 +150,10 @@ TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
   constexpr int kMessages = 5;
   std::vector<std::string> out;
   for (int i = 0; i < kMessages; ++i) out.push_back("message " + std::to_string(i));
-  for (int i = 0; i < kMessages; ++i) ASSERT_TRUE((*a)->Send(out[i].data(), out[i].size(), nullptr, i).ok());
+  for (int i = 0; i < kMessages; ++i) {
+    absl::Status st = (*a)->Send(out[i].data(), out[i].size(), nullptr, i);
+    ASSERT_TRUE(st.ok()) << st;
+  }
   // Both sides progress (one thread; rxm and shm need the receiver's
   // progress to finish a send) until every send completed; b posts nothing.
   int sent = 0;
@@ -191,8 +195,64 @@ TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
   EXPECT_FALSE(st.ok());
 }
 
+// Read, write and send from buffers passed without their region: with
+// mr_local=on (the FI_MR_LOCAL path) descriptors come from the registration
+// cache and are held until the operation completes.
+TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
+  auto fabric = Fabric::Open(GetParam());
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> b;
+  std::thread acceptor([&] { b = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
+  auto a = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<uint8_t> target(8192, 0);
+  auto mr = (*fabric)->RegisterMemory(target.data(), target.size(), kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  RemoteKey key = (*mr)->remote_key();
+  // One thread drives both sides until `a` reports one completion.
+  auto finish = [&]() -> absl::Status {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      Completion c;
+      if ((*cq_a)->Poll(std::span<Completion>(&c, 1)) == 1) return c.status;
+      (*cq_b)->Poll(std::span<Completion>(&c, 1));
+    }
+    return absl::DeadlineExceededError("no completion");
+  };
+  std::vector<uint8_t> out(5000), back(5000, 0);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_TRUE((*a)->Write(out.data(), out.size(), nullptr, key.addr + 100, key, 1).ok());
+  ASSERT_TRUE(finish().ok());
+  ASSERT_TRUE((*a)->Read(back.data(), back.size(), nullptr, key.addr + 100, key, 2).ok());
+  ASSERT_TRUE(finish().ok());
+  EXPECT_EQ(back, out);
+  EXPECT_EQ(std::vector<uint8_t>(target.begin() + 100, target.begin() + 5100), out);
+  char in[64] = {};
+  ASSERT_TRUE((*b)->PostRecv(in, sizeof(in), nullptr, 3).ok());
+  ASSERT_TRUE((*a)->Send("unregistered", 12, nullptr, 4).ok());
+  ASSERT_TRUE(finish().ok());
+  Completion c;
+  auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+  ASSERT_TRUE(n.ok() && *n == 1);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(std::string(in, c.length), "unregistered");
+  if (absl::StrContains(GetParam(), "mr_local=on")) {
+    EXPECT_TRUE((*fabric)->caps().registration_required);
+    EXPECT_GE((*fabric)->rcache().stats().misses, 1u) << "descriptors did not come from the cache";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
-                         ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm"),
+                         ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm",
+                                           "ofi:tcp;ofi_rxm?iface=lo&mr_local=on",
+                                           "ofi:tcp?iface=lo&mr_local=on"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name;
                            for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
