@@ -254,6 +254,22 @@ TEST_P(Conformance, ListensAndConnectsOnSocketAddresses) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// A socket address where nobody listens is refused at once with
+// ECONNREFUSED, as TCP refuses it, not after the connect timeout.
+TEST_P(Conformance, ConnectWhereNobodyListensIsRefused) {
+  std::string address;
+  {
+    auto l = fabric_->Listen("127.0.0.1:0");
+    ASSERT_TRUE(l.ok()) << l.status();
+    address = (*l)->address();
+  }  // closed: the port is free again
+  const absl::Time start = absl::Now();
+  auto ep = fabric_->Connect(address, cq_.get(), absl::Seconds(60));
+  ASSERT_FALSE(ep.ok()) << address;
+  EXPECT_EQ(StatusErrno(ep.status()), ECONNREFUSED) << ep.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "waited for the connect timeout";
+}
+
 // Sizes from 0 B to 16 MiB, around the inline and buffer limits, each
 // checked byte for byte after travelling child -> parent -> child.
 TEST_P(Conformance, SendRecvSizesByteExact) {

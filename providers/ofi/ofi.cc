@@ -1674,7 +1674,6 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectRdm(absl::string_vie
   auto ss = ParseHostPort(address, &len);
   if (!ss.ok()) return ss.status();
   absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(1);
   for (;;) {
     Fd sock(::socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!sock) return ErrnoError(errno, "socket() for an ofi connection failed");
@@ -1685,12 +1684,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectRdm(absl::string_vie
       return Establish(std::move(sock), FormatHostPort(local), std::string(address), cq, deadline);
     }
     int err = errno;
-    if (err != ECONNREFUSED || absl::Now() + backoff > deadline) {
-      return ErrnoError(err, absl::StrCat("connecting to ofi address ", address, " failed"),
-                        err == ECONNREFUSED ? "start a listener there first" : "check the address and routes");
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+    if (err == EINTR && absl::Now() < deadline) continue;
+    // Refused at once, as TCP refuses (docs/provider-interface.md, Addresses).
+    return ErrnoError(err, absl::StrCat("connecting to ofi address ", address, " failed"),
+                      err == ECONNREFUSED ? "start a listener there first" : "check the address and routes");
   }
 }
 
@@ -1941,21 +1938,13 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectMsg(absl::string_vie
     return FiError(rc, absl::StrCat("fi_getinfo for an ofi connection to ", hp),
                    "check the address and the iface= option");
   }
-  // Like the RDM path, a refused connection is retried until the deadline
-  // (the listener may not be up yet).
+  // Like the RDM path, a refused connection fails at once, as TCP's does.
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(1);
-  for (;;) {
-    uint64_t nonce = (static_cast<uint64_t>(::getpid()) << 32) ^ next_nonce_.fetch_add(1) ^
-                     static_cast<uint64_t>(absl::GetCurrentTimeNanos());
-    auto ep = EstablishMsg(info, info, info->dest_addr, nonce, cq, deadline);
-    if (ep.ok() || StatusErrno(ep.status()) != ECONNREFUSED || absl::Now() + backoff > deadline) {
-      fi_freeinfo(info);
-      return ep;
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(50));
-  }
+  uint64_t nonce = (static_cast<uint64_t>(::getpid()) << 32) ^ next_nonce_.fetch_add(1) ^
+                   static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+  auto ep = EstablishMsg(info, info, info->dest_addr, nonce, cq, deadline);
+  fi_freeinfo(info);
+  return ep;
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_info, fi_info* ctrl_info,

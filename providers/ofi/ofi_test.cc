@@ -63,9 +63,9 @@ TEST(OfiOpen, ConfigurationsResolveToTheirEndpointTypes) {
   EXPECT_FALSE((*shm)->caps().wait_fd);
 }
 
-// Connecting where nobody listens is retried until the timeout, then fails
-// saying so, on both connection paths.
-TEST(OfiConnect, NoListenerFailsAfterTheTimeoutWithAHint) {
+// Connecting where nobody listens fails at once saying so, on both
+// connection paths (conformance checks the errno for every provider).
+TEST(OfiConnect, NoListenerIsRefusedAtOnceWithAHint) {
   for (const char* config : {"ofi:tcp?iface=lo", "ofi:tcp;ofi_rxm?iface=lo"}) {
     auto fabric = Fabric::Open(config);
     ASSERT_TRUE(fabric.ok()) << fabric.status();
@@ -78,10 +78,9 @@ TEST(OfiConnect, NoListenerFailsAfterTheTimeoutWithAHint) {
       address = (*listener)->address();
     }  // closed: nothing listens there now
     const absl::Time start = absl::Now();
-    auto ep = (*fabric)->Connect(address, cq->get(), absl::Milliseconds(300));
+    auto ep = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
     ASSERT_FALSE(ep.ok()) << config;
-    EXPECT_GE(absl::Now() - start, absl::Milliseconds(200)) << config << ": not retried";
-    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << config;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << config << ": waited for the timeout";
     EXPECT_TRUE(absl::StrContains(ep.status().message(), "listener")) << config << ": " << ep.status();
   }
 }

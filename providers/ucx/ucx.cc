@@ -2116,7 +2116,6 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Connect(absl::string_view a
   auto sa = ParseAddress(address, &len);
   if (!sa.ok()) return sa.status();
   absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(1);
   for (;;) {
     int fd = ::socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return ErrnoError(errno, "socket() for a ucx connection failed");
@@ -2135,12 +2134,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Connect(absl::string_view a
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return Handshake(std::move(sock), cq, deadline);
     }
-    if (err != ECONNREFUSED || absl::Now() + backoff > deadline) {
-      return ErrnoError(err, absl::StrCat("connecting to ucx address '", address, "' failed"),
-                        err == ECONNREFUSED ? "start a listener on that address first" : "");
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+    if (err == EINTR && absl::Now() < deadline) continue;
+    // Refused at once, as TCP refuses (docs/provider-interface.md, Addresses).
+    return ErrnoError(err, absl::StrCat("connecting to ucx address '", address, "' failed"),
+                      err == ECONNREFUSED ? "start a listener on that address first" : "");
   }
 }
 
