@@ -4,8 +4,12 @@
 //
 //   bazel run -c opt //bench:provider_bench -- --provider=unet --sizes=8,4096,1048576
 //
-// One-way latency = round trip / 2 (p50, p99, average). Stream bandwidth is
-// bytes delivered per second with `window` sends outstanding, 10^9 B/s.
+// One-way latency = round trip / 2 (p50, p99, average), after a tenth as
+// many untimed warm-up round trips. Stream bandwidth is bytes delivered per
+// second with `window` sends outstanding, 10^9 B/s. --wait=spin busy-polls
+// the CQ as fi_pingpong and ucx_perftest do (bench/compare_providers.sh runs
+// the three side by side); the default waits adaptively (spin, then sleep).
+// The server process opens its own fabric after the fork.
 // This is the foundation's demo; the full benchmark suite (SDP modes, the
 // seed 003 figures, JSON, plots) is bench/zsock_bench once the SDP engine
 // exists.
@@ -17,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -35,14 +40,24 @@ ABSL_FLAG(std::string, sizes, "8,64,1024,4096,65536,1048576", "message sizes in 
 ABSL_FLAG(int, iters, 20000, "ping-pong round trips per size (fewer for large sizes)");
 ABSL_FLAG(int64_t, stream_bytes, int64_t{1} << 30, "bytes streamed per size");
 ABSL_FLAG(int, window, 32, "stream: sends outstanding");
+ABSL_FLAG(int64_t, stream_max_msgs, int64_t{1} << 40,
+          "stream: at most this many messages per size (bounds the time small sizes take)");
+ABSL_FLAG(std::string, cores, "0,1", "cores to pin the server and the client to");
 ABSL_FLAG(bool, baseline_tcp, true, "also run kernel TCP over loopback");
+ABSL_FLAG(std::string, wait, "adaptive",
+          "how to wait for completions: adaptive (CompletionQueue::Wait: spin spin_us, then "
+          "sleep on the CQ fd) or spin (poll without sleeping, like fi_pingpong and ucx_perftest)");
+ABSL_FLAG(bool, tsv, false,
+          "print one tab-separated line per size (size p50 p99 avg pp_MBps stream_MBps) "
+          "for the provider only, for scripts");
 
 namespace zsock {
 namespace {
 
 struct Result {
   double p50 = 0, p99 = 0, avg = 0;  // one-way latency, us
-  double gbps = 0;                   // 10^9 bytes per second
+  double pp_mbps = 0;                // ping-pong: size / avg one-way, 10^6 B/s
+  double gbps = 0;                   // stream, 10^9 bytes per second
 };
 
 void Pin(int core) {
@@ -66,25 +81,58 @@ int Iters(size_t size) {
 }
 
 int64_t StreamCount(size_t size) {
-  return std::max<int64_t>(64, absl::GetFlag(FLAGS_stream_bytes) / static_cast<int64_t>(std::max<size_t>(size, 1)));
+  int64_t n = absl::GetFlag(FLAGS_stream_bytes) / static_cast<int64_t>(std::max<size_t>(size, 1));
+  return std::max<int64_t>(64, std::min(n, absl::GetFlag(FLAGS_stream_max_msgs)));
 }
 
-Completion Next(CompletionQueue* cq) {
-  Completion c;
-  for (;;) {
-    auto n = cq->Wait(std::span<Completion>(&c, 1), absl::Seconds(30));
-    if (!n.ok()) Die(n.status().ToString());
-    if (*n == 0) Die("timed out waiting for a completion");
+// Takes completions off a CQ one at a time. kSpin polls without ever
+// sleeping, as fi_pingpong (FI_WAIT_NONE + fi_cq_read) and ucx_perftest
+// (ucp_worker_progress) do; kAdaptive uses CompletionQueue::Wait (spin for
+// spin_us, then sleep on the CQ fd), the library's default.
+class Completions {
+ public:
+  Completions(CompletionQueue* cq, bool spin) : cq_(cq), spin_(spin) {}
+
+  Completion Next() {
+    if (head_ == n_) Refill();
+    Completion c = std::move(buf_[head_++]);
     if (!c.status.ok()) Die(c.status.ToString());
     return c;
   }
+
+ private:
+  void Refill() {
+    head_ = n_ = 0;
+    if (spin_) {
+      const int64_t give_up = absl::GetCurrentTimeNanos() + int64_t{30} * 1000000000;
+      for (uint32_t tries = 0; (n_ = cq_->Poll(buf_)) == 0; ++tries) {
+        if ((tries & 0xffff) == 0 && absl::GetCurrentTimeNanos() > give_up) {
+          Die("timed out waiting for a completion");
+        }
+      }
+      return;
+    }
+    auto n = cq_->Wait(buf_, absl::Seconds(30));
+    if (!n.ok()) Die(n.status().ToString());
+    if (*n == 0) Die("timed out waiting for a completion");
+    n_ = *n;
+  }
+
+  CompletionQueue* cq_;
+  bool spin_;
+  std::array<Completion, 16> buf_;
+  size_t head_ = 0, n_ = 0;
+};
+
+bool Spin() {
+  const std::string w = absl::GetFlag(FLAGS_wait);
+  if (w != "spin" && w != "adaptive") Die(absl::StrCat("--wait must be spin or adaptive, not '", w, "'"));
+  return w == "spin";
 }
 
-void WaitFor(CompletionQueue* cq, OpType op) {
-  while (Next(cq).op != op) {}
-}
+int Warmup(size_t size) { return std::max(10, Iters(size) / 10); }
 
-Result Summarize(std::vector<double>& rtt_us, double gbps) {
+Result Summarize(std::vector<double>& rtt_us, size_t size, double gbps) {
   Result r;
   std::sort(rtt_us.begin(), rtt_us.end());
   double sum = 0;
@@ -92,27 +140,60 @@ Result Summarize(std::vector<double>& rtt_us, double gbps) {
   r.p50 = rtt_us[rtt_us.size() / 2] / 2;
   r.p99 = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)] / 2;
   r.avg = sum / rtt_us.size() / 2;
+  r.pp_mbps = static_cast<double>(size) / r.avg;  // bytes per us = 10^6 B/s
   r.gbps = gbps;
   return r;
 }
 
 // ---- provider ----
+//
+// Ping-pong, as fi_pingpong does it: each side keeps one receive posted for
+// the next message (re-posted as soon as one arrives), replies from a
+// separate send buffer, and collects send completions as they come instead
+// of waiting for each one. One-way latency = the time of one round trip
+// (everything in the loop) / 2.
 
-void ProviderServer(const std::string& config, Listener* listener, Fabric* fabric,
-                    const std::vector<size_t>& sizes, int window) {
+// The server opens its own fabric after the fork (the fork rule in
+// docs/provider-interface.md: libfabric's shm and UCX keep threads and
+// mappings a forked child does not inherit) and reports its listener's
+// address on `report_fd`.
+void ProviderServer(const std::string& config, int report_fd, const std::vector<size_t>& sizes,
+                    int window) {
+  auto fabric_or = Fabric::Open(config);
+  if (!fabric_or.ok()) Die(fabric_or.status().ToString());
+  Fabric* fabric = fabric_or->get();
+  auto listener = fabric->Listen("");
+  if (!listener.ok()) Die(listener.status().ToString());
+  std::string address = (*listener)->address() + "\n";
+  if (::write(report_fd, address.data(), address.size()) != static_cast<ssize_t>(address.size())) {
+    Die("cannot report the listener's address");
+  }
+  ::close(report_fd);
   auto cq = fabric->CreateCq();
   if (!cq.ok()) Die(cq.status().ToString());
-  auto ep = listener->Accept(cq->get(), absl::Seconds(30));
+  auto ep = (*listener)->Accept(cq->get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
   Endpoint* e = ep->get();
-  size_t max = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(std::max<size_t>(max, 8)));
+  Completions comps(cq->get(), Spin());
+  size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
+  std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(max));
+  std::vector<uint8_t> out(max, 0xa5);
   for (size_t size : sizes) {
-    for (int i = 0; i < Iters(size); ++i) {
-      if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
-      WaitFor(cq->get(), OpType::kRecv);
-      if (!e->Send(bufs[0].data(), size, nullptr, 0).ok()) Die("send");
-      WaitFor(cq->get(), OpType::kSend);
+    const int rounds = Warmup(size) + Iters(size);
+    int64_t sends = 0, sent = 0;
+    if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+    for (int i = 0; i < rounds; ++i) {
+      for (;;) {
+        Completion c = comps.Next();
+        if (c.op == OpType::kRecv) break;
+        ++sent;
+      }
+      if (i + 1 < rounds && !e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+      if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
+      ++sends;
+    }
+    while (sent < sends) {
+      if (comps.Next().op == OpType::kSend) ++sent;
     }
     int64_t count = StreamCount(size);
     int64_t posted = 0, got = 0;
@@ -120,7 +201,7 @@ void ProviderServer(const std::string& config, Listener* listener, Fabric* fabri
       if (!e->PostRecv(bufs[posted % window].data(), max, nullptr, posted % window).ok()) Die("post");
     }
     while (got < count) {
-      Completion c = Next(cq->get());
+      Completion c = comps.Next();
       if (c.op != OpType::kRecv) continue;
       ++got;
       if (posted < count) {
@@ -128,10 +209,13 @@ void ProviderServer(const std::string& config, Listener* listener, Fabric* fabri
         ++posted;
       }
     }
-    if (!e->Send(bufs[0].data(), 1, nullptr, 0).ok()) Die("ack");
-    WaitFor(cq->get(), OpType::kSend);
+    if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("ack");
+    while (comps.Next().op != OpType::kSend) {}
   }
-  (void)config;
+  // Stay until the client has everything: a provider may report a send
+  // complete before the peer has the data, which must not vanish with us.
+  if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+  while (comps.Next().op != OpType::kRecv) {}
 }
 
 std::vector<Result> ProviderClient(const std::string& config, const std::string& address,
@@ -143,45 +227,55 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
   auto ep = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
   Endpoint* e = ep->get();
-  size_t max = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<uint8_t> out(std::max<size_t>(max, 8), 0x5a), in(std::max<size_t>(max, 8));
+  Completions comps(cq->get(), Spin());
+  size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
+  std::vector<uint8_t> out(max, 0x5a), in(max);
   std::vector<Result> results;
   for (size_t size : sizes) {
-    int iters = Iters(size);
+    const int warmup = Warmup(size), rounds = warmup + Iters(size);
     std::vector<double> rtt;
-    rtt.reserve(iters);
-    for (int i = 0; i < iters; ++i) {
-      int64_t t0 = absl::GetCurrentTimeNanos();
-      if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
+    rtt.reserve(rounds);
+    int64_t sends = 0, sent = 0;
+    if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
+    int64_t prev = absl::GetCurrentTimeNanos();
+    for (int i = 0; i < rounds; ++i) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
-      bool sent = false, got = false;
-      while (!sent || !got) {
-        Completion c = Next(cq->get());
-        sent |= c.op == OpType::kSend;
-        got |= c.op == OpType::kRecv;
+      ++sends;
+      for (;;) {
+        Completion c = comps.Next();
+        if (c.op == OpType::kRecv) break;
+        ++sent;
       }
-      rtt.push_back((absl::GetCurrentTimeNanos() - t0) / 1000.0);
+      if (i + 1 < rounds && !e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
+      int64_t now = absl::GetCurrentTimeNanos();
+      if (i >= warmup) rtt.push_back((now - prev) / 1000.0);
+      prev = now;
+    }
+    while (sent < sends) {
+      if (comps.Next().op == OpType::kSend) ++sent;
     }
     int64_t count = StreamCount(size);
     if (!e->PostRecv(in.data(), max, nullptr, 1).ok()) Die("post");
     int64_t t0 = absl::GetCurrentTimeNanos();
-    int64_t sent = 0, done = 0;
-    for (; sent < std::min<int64_t>(window, count); ++sent) {
+    int64_t sent_n = 0, done = 0;
+    for (; sent_n < std::min<int64_t>(window, count); ++sent_n) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
     }
     bool acked = false;
     while (done < count || !acked) {
-      Completion c = Next(cq->get());
+      Completion c = comps.Next();
       if (c.op == OpType::kRecv) { acked = true; continue; }
       ++done;
-      if (sent < count) {
+      if (sent_n < count) {
         if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
-        ++sent;
+        ++sent_n;
       }
     }
     double secs = (absl::GetCurrentTimeNanos() - t0) / 1e9;
-    results.push_back(Summarize(rtt, static_cast<double>(size) * count / secs / 1e9));
+    results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
   }
+  if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("bye");
+  while (comps.Next().op != OpType::kSend) {}
   return results;
 }
 
@@ -241,24 +335,31 @@ std::vector<Result> TcpClient(int port, const std::vector<size_t>& sizes) {
     for (int64_t i = 0; i < count; ++i) FullIo(fd, buf.data(), size, true);
     FullIo(fd, buf.data(), 1, false);
     double secs = (absl::GetCurrentTimeNanos() - t0) / 1e9;
-    results.push_back(Summarize(rtt, static_cast<double>(size) * count / secs / 1e9));
+    results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
   }
   ::close(fd);
   return results;
 }
 
-// Runs `server` in a child pinned to core 0 and `client` here on core 1.
+// Runs `server` in a child pinned to the first of --cores and `client` here
+// on the second.
 template <typename ServerFn, typename ClientFn>
 std::vector<Result> RunPair(ServerFn server, ClientFn client) {
+  std::vector<std::string> cores = absl::StrSplit(absl::GetFlag(FLAGS_cores), ',');
+  int server_core = 0, client_core = 1;
+  if (cores.size() != 2 || !absl::SimpleAtoi(cores[0], &server_core) ||
+      !absl::SimpleAtoi(cores[1], &client_core)) {
+    Die("--cores must be two core numbers, e.g. 0,1");
+  }
   std::fflush(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
-    Pin(0);
+    Pin(server_core);
     server();
     std::fflush(nullptr);
     _exit(0);
   }
-  Pin(1);
+  Pin(client_core);
   std::vector<Result> r = client();
   int status = 0;
   waitpid(pid, &status, 0);
@@ -276,14 +377,30 @@ int Main(int argc, char** argv) {
   }
   const std::string config = absl::GetFlag(FLAGS_provider);
   const int window = absl::GetFlag(FLAGS_window);
-  auto fabric = Fabric::Open(config);
-  if (!fabric.ok()) Die(fabric.status().ToString());
-  auto listener = (*fabric)->Listen("");
-  if (!listener.ok()) Die(listener.status().ToString());
-  std::string address = (*listener)->address();
   std::fprintf(stderr, "running %s ...\n", config.c_str());
-  auto zs = RunPair([&] { ProviderServer(config, listener->get(), fabric->get(), sizes, window); },
-                    [&] { return ProviderClient(config, address, sizes, window); });
+  int report[2];
+  if (::pipe(report) != 0) Die("pipe");
+  auto zs = RunPair(
+      [&] {
+        ::close(report[0]);
+        ProviderServer(config, report[1], sizes, window);
+      },
+      [&] {
+        ::close(report[1]);
+        std::string address;
+        char ch;
+        while (::read(report[0], &ch, 1) == 1 && ch != '\n') address += ch;
+        ::close(report[0]);
+        if (address.empty()) Die("the server process could not listen (its error is above)");
+        return ProviderClient(config, address, sizes, window);
+      });
+  if (absl::GetFlag(FLAGS_tsv)) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::printf("%zu\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\n", sizes[i], zs[i].p50, zs[i].p99,
+                  zs[i].avg, zs[i].pp_mbps, zs[i].gbps * 1000);
+    }
+    return 0;
+  }
   std::vector<Result> tcp;
   if (absl::GetFlag(FLAGS_baseline_tcp)) {
     std::fprintf(stderr, "running kernel TCP (loopback, TCP_NODELAY) ...\n");
