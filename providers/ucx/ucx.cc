@@ -928,6 +928,7 @@ class UcxCq final : public CompletionQueue {
 
   static constexpr int64_t kMinBackoffNs = 20 * 1000;
   static constexpr int64_t kMaxBackoffNs = 2 * 1000 * 1000;
+  static constexpr int64_t kSocketCheckNs = 50 * 1000;
 
   int wait_fd() const override { return epoll_.get(); }
   UcxFabric* fabric() const { return fabric_; }
@@ -964,6 +965,7 @@ class UcxCq final : public CompletionQueue {
   bool ArmProvider() override;
   void ClearWakeup() override {
     armed_.store(false, std::memory_order_seq_cst);
+    check_socks_.store(true, std::memory_order_relaxed);
     Drain();
   }
   void UnmuteAll() {
@@ -1001,7 +1003,9 @@ class UcxCq final : public CompletionQueue {
   std::vector<int> muted_ ABSL_GUARDED_BY(mute_mu_);  // worker fds taken out of epoll_
   std::atomic<bool> pushed_{false};  // delivered from outside Progress since it ran
   std::atomic<bool> armed_{false};   // a waiter may sleep on wait_fd
+  std::atomic<bool> check_socks_{true};  // look at the sockets in the next Progress
   absl::Mutex mu_;
+  int64_t last_sock_check_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<UcxEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -2009,11 +2013,19 @@ size_t UcxCq::Progress() {
   }
   {
     MutexLock lock(&mu_);
-    epoll_event evs[64];
-    int k = ::epoll_wait(socks_.get(), evs, 64, 0);
-    for (int i = 0; i < k; ++i) {
-      static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
-      ++n;
+    // The connection sockets only signal a peer's end, and looking at them
+    // costs a system call: a busy poller (ping-pong) looks at most every
+    // kSocketCheckNs, a waiter after every wakeup (ClearWakeup, ArmProvider).
+    const int64_t now = absl::GetCurrentTimeNanos();
+    if (check_socks_.exchange(false, std::memory_order_relaxed) ||
+        now - last_sock_check_ >= kSocketCheckNs) {
+      last_sock_check_ = now;
+      epoll_event evs[64];
+      int k = ::epoll_wait(socks_.get(), evs, 64, 0);
+      for (int i = 0; i < k; ++i) {
+        static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
+        ++n;
+      }
     }
     for (UcxEndpoint* ep : endpoints_) n += ep->Service();
   }
@@ -2027,7 +2039,10 @@ bool UcxCq::ArmProvider() {
   Drain();
   if (pushed_.load(std::memory_order_seq_cst)) return false;
   epoll_event ev;
-  if (::epoll_wait(socks_.get(), &ev, 1, 0) > 0) return false;
+  if (::epoll_wait(socks_.get(), &ev, 1, 0) > 0) {
+    check_socks_.store(true, std::memory_order_relaxed);
+    return false;
+  }
   bool busy_idle = false;
   std::vector<int> idle;
   for (Worker* w : fabric_->LiveWorkers()) {
