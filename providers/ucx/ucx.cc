@@ -42,6 +42,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -61,6 +62,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -928,7 +930,7 @@ class UcxCq final : public CompletionQueue {
 
   static constexpr int64_t kMinBackoffNs = 20 * 1000;
   static constexpr int64_t kMaxBackoffNs = 2 * 1000 * 1000;
-  static constexpr int64_t kSocketCheckNs = 50 * 1000;
+  static constexpr int64_t kSocketCheckNs = 1000 * 1000;
 
   int wait_fd() const override { return epoll_.get(); }
   UcxFabric* fabric() const { return fabric_; }
@@ -1399,8 +1401,9 @@ class UcxFabric final : public Fabric {
                                                       absl::Time deadline);
 
   // Workers that exist (created at the first connection).
-  std::vector<Worker*> LiveWorkers() const {
-    std::vector<Worker*> out;
+  // Called on every Poll: no allocation.
+  absl::InlinedVector<Worker*, 2> LiveWorkers() const {
+    absl::InlinedVector<Worker*, 2> out;
     if (Worker* w = primary_.load(std::memory_order_acquire)) out.push_back(w);
     if (Worker* w = fallback_.load(std::memory_order_acquire)) {
       if (w != primary_.load(std::memory_order_acquire)) out.push_back(w);
@@ -2014,9 +2017,12 @@ size_t UcxCq::Progress() {
   {
     MutexLock lock(&mu_);
     // The connection sockets only signal a peer's end, and looking at them
-    // costs a system call: a busy poller (ping-pong) looks at most every
-    // kSocketCheckNs, a waiter after every wakeup (ClearWakeup, ArmProvider).
-    const int64_t now = absl::GetCurrentTimeNanos();
+    // costs a system call: a busy poller (ping-pong) looks once per tick of
+    // the coarse clock (a few ms; reading it costs no system call), a
+    // waiter after every wakeup (ClearWakeup, ArmProvider).
+    timespec ts;
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const int64_t now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
     if (check_socks_.exchange(false, std::memory_order_relaxed) ||
         now - last_sock_check_ >= kSocketCheckNs) {
       last_sock_check_ = now;
