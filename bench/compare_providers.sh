@@ -11,6 +11,7 @@
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix]
+#                                   [--repeat=3]
 #
 # Every pair of processes (zsock's, fi_pingpong's, ucx_perftest's) runs on
 # 127.0.0.1 with the server pinned to the first core and the client to the
@@ -25,6 +26,10 @@
 # (at least 200 and 50). zsock and ucx_perftest first run a tenth as many
 # untimed warm-up round trips; fi_pingpong has no warm-up option.
 #
+# Every measurement (zsock's, and each peer tool's per size) is repeated
+# --repeat times, and each number printed is the median of its
+# repeats: on a shared 2-core VM single averages swing by 2x from run to run.
+#
 # Bandwidth, in 10^6 bytes per second, is measured the way each peer tool
 # measures it: against fi_pingpong, ping-pong bandwidth (size / one-way
 # latency, fi_pingpong's MB/sec); against ucx_perftest, streaming bandwidth
@@ -37,13 +42,15 @@ sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
 configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix
+repeat=3
 for arg in "$@"; do
   case "$arg" in
     --sizes=*) sizes=${arg#*=} ;;
     --iters=*) iters=${arg#*=} ;;
     --cores=*) cores=${arg#*=} ;;
     --configs=*) configs=${arg#*=} ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --repeat=*) repeat=${arg#*=} ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "compare_providers: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -143,17 +150,51 @@ ucx_pt() {
   awk '$1 == "Final:" {print $3, $4, $9}' "$tmp/client.out" | tail -1
 }
 
-# zsock CONFIG -> lines "size p50 p99 avg pp_MBps stream_MBps" in $tmp/zs.tsv
+# Median of the numbers on stdin ("-" if none).
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else print a[int((NR + 1) / 2)] }'; }
+
+# zsock CONFIG -> lines "size p50 p99 avg pp_MBps stream_MBps" in $tmp/zs.tsv,
+# each column the median of --repeat runs.
 zs_bench() {
-  "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
-    --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
-    --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
-    >"$tmp/zs.tsv" 2>"$tmp/zs.err"
+  local r
+  : >"$tmp/zs.all"
+  for r in $(seq "$repeat"); do
+    "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
+      --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
+      --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
+      >>"$tmp/zs.all" 2>"$tmp/zs.err" || return 1
+  done
+  : >"$tmp/zs.tsv"
+  local size col line
+  for size in "${size_list[@]}"; do
+    line=$size
+    for col in 2 3 4 5 6; do
+      line+=" $(awk -v s="$size" -v c="$col" '$1 == s { print $c }' "$tmp/zs.all" | median)"
+    done
+    echo "$line" >>"$tmp/zs.tsv"
+  done
+}
+
+# Runs "$@" (a peer measurement printing numbers on one line) --repeat times
+# and prints the per-column medians, or the first "n/a (...)".
+repeated() {
+  local r out all=()
+  for r in $(seq "$repeat"); do
+    out=$("$@")
+    if [[ "$out" == n/a* ]]; then echo "$out"; return; fi
+    all+=("$out")
+  done
+  local ncol col line=""
+  ncol=$(awk '{ print NF; exit }' <<<"${all[0]}")
+  for col in $(seq "$ncol"); do
+    line+="$(printf '%s\n' "${all[@]}" | awk -v c="$col" '{ print $c }' | median) "
+  done
+  echo "$line"
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling"
+echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; medians of $repeat runs"
 echo
 rows=()
 row() { rows+=("$(printf '%-16s %-12s %8s | %9s %9s %9s %9s %6s | %10s %10s %6s' "$@")"); }
@@ -183,15 +224,15 @@ for cfg in "${cfgs[@]}"; do
     [ "$zs_ok" = 1 ] && zs_line=$(awk -v s="$size" '$1 == s' "$tmp/zs.tsv")
     read -r _ zp50 _ zavg zpp zstream <<<"${zs_line:-x - - - - -}"
     if [ "$peer" = fi_pingpong ]; then
-      out=$(fi_pp "$prov" "$size" "${extra[@]}")
+      out=$(repeated fi_pp "$prov" "$size" "${extra[@]}")
       if [[ "$out" == n/a* ]]; then pavg="-"; ppbw="-"; note=$out; else read -r pavg ppbw <<<"$out"; note=""; fi
       pp50="-"
       zbw=$zpp
     else
       n=$(iters_for "$size")
-      out=$(ucx_pt "$tls" tag_lat "$size" "$n")
+      out=$(repeated ucx_pt "$tls" tag_lat "$size" "$n")
       if [[ "$out" == n/a* ]]; then pp50="-"; pavg="-"; note=$out; else read -r pp50 pavg _ <<<"$out"; note=""; fi
-      out=$(ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
+      out=$(repeated ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
       if [[ "$out" == n/a* ]]; then ppbw="-"; note="${note:-$out}"; else
         read -r _ _ rate <<<"$out"; ppbw=$(awk -v r="$rate" -v s="$size" 'BEGIN { printf "%.1f", r * s / 1e6 }'); fi
       zbw=$zstream
