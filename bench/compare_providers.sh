@@ -11,7 +11,7 @@
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix]
-#                                   [--repeat=3]
+#                                   [--repeat=5]
 #
 # Every pair of processes (zsock's, fi_pingpong's, ucx_perftest's) runs on
 # 127.0.0.1 with the server pinned to the first core and the client to the
@@ -27,8 +27,9 @@
 # untimed warm-up round trips; fi_pingpong has no warm-up option.
 #
 # Every measurement (zsock's, and each peer tool's per size) is repeated
-# --repeat times, and each number printed is the median of its
-# repeats: on a shared 2-core VM single averages swing by 2x from run to run.
+# --repeat times and each number printed is the best of its repeats (lowest
+# latency, highest bandwidth), for zsock and the peers alike: on a shared
+# 2-core VM a single run's average swings by 2-4x with what else runs.
 #
 # Bandwidth, in 10^6 bytes per second, is measured the way each peer tool
 # measures it: against fi_pingpong, ping-pong bandwidth (size / one-way
@@ -42,7 +43,7 @@ sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
 configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix
-repeat=3
+repeat=5
 for arg in "$@"; do
   case "$arg" in
     --sizes=*) sizes=${arg#*=} ;;
@@ -150,11 +151,13 @@ ucx_pt() {
   awk '$1 == "Final:" {print $3, $4, $9}' "$tmp/client.out" | tail -1
 }
 
-# Median of the numbers on stdin ("-" if none).
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "-"; else print a[int((NR + 1) / 2)] }'; }
+# The best of the numbers on stdin: "l" the lowest, "h" the highest ("-" if none).
+best() {
+  if [ "$1" = h ]; then sort -gr; else sort -g; fi | awk 'NR == 1 { v = $1 } END { print (NR ? v : "-") }'
+}
 
 # zsock CONFIG -> lines "size p50 p99 avg pp_MBps stream_MBps" in $tmp/zs.tsv,
-# each column the median of --repeat runs.
+# each column the best of --repeat runs.
 zs_bench() {
   local r
   : >"$tmp/zs.all"
@@ -168,16 +171,18 @@ zs_bench() {
   local size col line
   for size in "${size_list[@]}"; do
     line=$size
-    for col in 2 3 4 5 6; do
-      line+=" $(awk -v s="$size" -v c="$col" '$1 == s { print $c }' "$tmp/zs.all" | median)"
+    for col in 2:l 3:l 4:l 5:h 6:h; do
+      line+=" $(awk -v s="$size" -v c="${col%:*}" '$1 == s { print $c }' "$tmp/zs.all" | best "${col#*:}")"
     done
     echo "$line" >>"$tmp/zs.tsv"
   done
 }
 
-# Runs "$@" (a peer measurement printing numbers on one line) --repeat times
-# and prints the per-column medians, or the first "n/a (...)".
+# repeated KINDS CMD...: runs CMD (a peer measurement printing numbers on one
+# line) --repeat times and prints each column's best (KINDS: one l or h per
+# column), or the first "n/a (...)".
 repeated() {
+  local kinds=$1; shift
   local r out all=()
   for r in $(seq "$repeat"); do
     out=$("$@")
@@ -187,17 +192,17 @@ repeated() {
   local ncol col line=""
   ncol=$(awk '{ print NF; exit }' <<<"${all[0]}")
   for col in $(seq "$ncol"); do
-    line+="$(printf '%s\n' "${all[@]}" | awk -v c="$col" '{ print $c }' | median) "
+    line+="$(printf '%s\n' "${all[@]}" | awk -v c="$col" '{ print $c }' | best "${kinds:col-1:1}") "
   done
   echo "$line"
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; medians of $repeat runs"
+echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; best of $repeat runs"
 echo
 rows=()
-row() { rows+=("$(printf '%-16s %-12s %8s | %9s %9s %9s %9s %6s | %10s %10s %6s' "$@")"); }
+row() { rows+=("$(printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
 fmt() { awk -v a="$1" 'BEGIN { if (a == "" || a == "-") print "-"; else printf "%.2f", a }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b == 0) print "-"; else printf "%.2fx", a / b }'; }
 
@@ -224,27 +229,29 @@ for cfg in "${cfgs[@]}"; do
     [ "$zs_ok" = 1 ] && zs_line=$(awk -v s="$size" '$1 == s' "$tmp/zs.tsv")
     read -r _ zp50 _ zavg zpp zstream <<<"${zs_line:-x - - - - -}"
     if [ "$peer" = fi_pingpong ]; then
-      out=$(repeated fi_pp "$prov" "$size" "${extra[@]}")
+      out=$(repeated lh fi_pp "$prov" "$size" "${extra[@]}")
       if [[ "$out" == n/a* ]]; then pavg="-"; ppbw="-"; note=$out; else read -r pavg ppbw <<<"$out"; note=""; fi
       pp50="-"
       zbw=$zpp
     else
       n=$(iters_for "$size")
-      out=$(repeated ucx_pt "$tls" tag_lat "$size" "$n")
+      out=$(repeated llh ucx_pt "$tls" tag_lat "$size" "$n")
       if [[ "$out" == n/a* ]]; then pp50="-"; pavg="-"; note=$out; else read -r pp50 pavg _ <<<"$out"; note=""; fi
-      out=$(repeated ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
+      out=$(repeated llh ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
       if [[ "$out" == n/a* ]]; then ppbw="-"; note="${note:-$out}"; else
         read -r _ _ rate <<<"$out"; ppbw=$(awk -v r="$rate" -v s="$size" 'BEGIN { printf "%.1f", r * s / 1e6 }'); fi
       zbw=$zstream
     fi
-    row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(fmt "$zp50")" "$(fmt "$pp50")" \
-        "$(ratio "$zavg" "$pavg")" "$(fmt "$zbw")" "$(fmt "$ppbw")" "$(ratio "$zbw" "$ppbw")"
+    row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" \
+        "$(fmt "$zp50")" "$(fmt "$pp50")" "$(ratio "$zp50" "$pp50")" \
+        "$(fmt "$zbw")" "$(fmt "$ppbw")" "$(ratio "$zbw" "$ppbw")"
     [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
     [ -z "$note" ] || rows+=("    $peer: $note")
   done
 done
 
-echo "one-way latency (us): zsock avg, peer avg, zsock p50, peer p50, ratio of averages (zsock/peer)"
+echo "one-way latency (us), average and median (fi_pingpong reports no median); ratios are zsock / peer"
 echo "bandwidth (10^6 B/s): ofi rows ping-pong (size / one-way latency), ucx rows streaming with $window outstanding"
-printf '%-16s %-12s %8s | %9s %9s %9s %9s %6s | %10s %10s %6s\n' config peer size zs_avg peer_avg zs_p50 peer_p50 ratio zs_bw peer_bw ratio
+printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
+  zs_avg peer_avg ratio zs_p50 peer_p50 ratio zs_bw peer_bw ratio
 for r in "${rows[@]}"; do echo "$r"; done
