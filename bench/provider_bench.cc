@@ -4,15 +4,17 @@
 //
 //   bazel run -c opt //bench:provider_bench -- --provider=unet --sizes=8,4096,1048576
 //
+// One-way latency = round trip / 2 (p50, p99, average), after a tenth as
+// many untimed warm-up round trips. Stream bandwidth is bytes delivered per
+// second with `window` sends outstanding, 10^9 B/s. --wait=spin busy-polls
+// the CQ as fi_pingpong and ucx_perftest do (bench/compare_providers.sh runs
+// the three side by side); the default waits adaptively (spin, then sleep).
+// The server process opens its own fabric after the fork (providers such
+// as verbs do not survive fork: docs/provider-interface.md, "Fork").
+//
 // Two hosts (e.g. verbs over a real fabric; docs/verbs.md):
 //   host A: provider_bench --provider=verbs:mlx5_0 --role=server --address=10.0.0.1:7471
 //   host B: provider_bench --provider=verbs:mlx5_0 --role=client --address=10.0.0.1:7471
-//
-// Each process opens its own fabric after the fork (providers such as verbs
-// do not survive fork: docs/provider-interface.md, "Fork").
-//
-// One-way latency = round trip / 2 (p50, p99, average). Stream bandwidth is
-// bytes delivered per second with `window` sends outstanding, 10^9 B/s.
 // This is the foundation's demo; the full benchmark suite (SDP modes, the
 // seed 003 figures, JSON, plots) is bench/zsock_bench once the SDP engine
 // exists.
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -34,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/provider.h"
 
@@ -42,18 +46,34 @@ ABSL_FLAG(std::string, sizes, "8,64,1024,4096,65536,1048576", "message sizes in 
 ABSL_FLAG(int, iters, 20000, "ping-pong round trips per size (fewer for large sizes)");
 ABSL_FLAG(int64_t, stream_bytes, int64_t{1} << 30, "bytes streamed per size");
 ABSL_FLAG(int, window, 32, "stream: sends outstanding");
+ABSL_FLAG(int64_t, stream_max_msgs, int64_t{1} << 40,
+          "stream: at most this many messages per size (bounds the time small sizes take)");
+ABSL_FLAG(std::string, cores, "0,1", "cores to pin the server and the client to");
 ABSL_FLAG(bool, baseline_tcp, true, "also run kernel TCP over loopback");
 ABSL_FLAG(std::string, role, "both",
           "both: server and client on this host; server / client: one side of a two-host run");
-ABSL_FLAG(std::string, address, "", "server: address to listen on (\"\" = the provider's choice); "
-          "client: the server's address");
+ABSL_FLAG(std::string, address, "",
+          "server: address to listen on (\"\" = the provider's choice); client: the server's address");
+ABSL_FLAG(std::string, wait, "adaptive",
+          "how to wait for completions: adaptive (CompletionQueue::Wait: spin spin_us, then "
+          "sleep on the CQ fd) or spin (poll without sleeping, like fi_pingpong and ucx_perftest)");
+// Debian's absl is built without NDEBUG, so absl::Mutex checks lock order
+// for deadlocks on every Lock (a global graph under a global spin lock):
+// about 0.5 us per ping-pong hop on ucx:posix,cma. A production build of absl
+// does not; the bench turns it off like such a build.
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "keep absl::Mutex deadlock detection on (Debian's absl default)");
+ABSL_FLAG(bool, tsv, false,
+          "print one tab-separated line per size (size p50 p99 avg pp_MBps stream_MBps) "
+          "for the provider only, for scripts");
 
 namespace zsock {
 namespace {
 
 struct Result {
   double p50 = 0, p99 = 0, avg = 0;  // one-way latency, us
-  double gbps = 0;                   // 10^9 bytes per second
+  double pp_mbps = 0;                // ping-pong: size / avg one-way, 10^6 B/s
+  double gbps = 0;                   // stream, 10^9 bytes per second
 };
 
 void Pin(int core) {
@@ -77,25 +97,58 @@ int Iters(size_t size) {
 }
 
 int64_t StreamCount(size_t size) {
-  return std::max<int64_t>(64, absl::GetFlag(FLAGS_stream_bytes) / static_cast<int64_t>(std::max<size_t>(size, 1)));
+  int64_t n = absl::GetFlag(FLAGS_stream_bytes) / static_cast<int64_t>(std::max<size_t>(size, 1));
+  return std::max<int64_t>(64, std::min(n, absl::GetFlag(FLAGS_stream_max_msgs)));
 }
 
-Completion Next(CompletionQueue* cq) {
-  Completion c;
-  for (;;) {
-    auto n = cq->Wait(std::span<Completion>(&c, 1), absl::Seconds(30));
-    if (!n.ok()) Die(n.status().ToString());
-    if (*n == 0) Die("timed out waiting for a completion");
+// Takes completions off a CQ one at a time. kSpin polls without ever
+// sleeping, as fi_pingpong (FI_WAIT_NONE + fi_cq_read) and ucx_perftest
+// (ucp_worker_progress) do; kAdaptive uses CompletionQueue::Wait (spin for
+// spin_us, then sleep on the CQ fd), the library's default.
+class Completions {
+ public:
+  Completions(CompletionQueue* cq, bool spin) : cq_(cq), spin_(spin) {}
+
+  Completion Next() {
+    if (head_ == n_) Refill();
+    Completion c = std::move(buf_[head_++]);
     if (!c.status.ok()) Die(c.status.ToString());
     return c;
   }
+
+ private:
+  void Refill() {
+    head_ = n_ = 0;
+    if (spin_) {
+      const int64_t give_up = absl::GetCurrentTimeNanos() + int64_t{30} * 1000000000;
+      for (uint32_t tries = 0; (n_ = cq_->Poll(buf_)) == 0; ++tries) {
+        if ((tries & 0xffff) == 0 && absl::GetCurrentTimeNanos() > give_up) {
+          Die("timed out waiting for a completion");
+        }
+      }
+      return;
+    }
+    auto n = cq_->Wait(buf_, absl::Seconds(30));
+    if (!n.ok()) Die(n.status().ToString());
+    if (*n == 0) Die("timed out waiting for a completion");
+    n_ = *n;
+  }
+
+  CompletionQueue* cq_;
+  bool spin_;
+  std::array<Completion, 16> buf_;
+  size_t head_ = 0, n_ = 0;
+};
+
+bool Spin() {
+  const std::string w = absl::GetFlag(FLAGS_wait);
+  if (w != "spin" && w != "adaptive") Die(absl::StrCat("--wait must be spin or adaptive, not '", w, "'"));
+  return w == "spin";
 }
 
-void WaitFor(CompletionQueue* cq, OpType op) {
-  while (Next(cq).op != op) {}
-}
+int Warmup(size_t size) { return std::max(10, Iters(size) / 10); }
 
-Result Summarize(std::vector<double>& rtt_us, double gbps) {
+Result Summarize(std::vector<double>& rtt_us, size_t size, double gbps) {
   Result r;
   std::sort(rtt_us.begin(), rtt_us.end());
   double sum = 0;
@@ -103,27 +156,60 @@ Result Summarize(std::vector<double>& rtt_us, double gbps) {
   r.p50 = rtt_us[rtt_us.size() / 2] / 2;
   r.p99 = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)] / 2;
   r.avg = sum / rtt_us.size() / 2;
+  r.pp_mbps = static_cast<double>(size) / r.avg;  // bytes per us = 10^6 B/s
   r.gbps = gbps;
   return r;
 }
 
 // ---- provider ----
+//
+// Ping-pong, as fi_pingpong does it: each side keeps one receive posted for
+// the next message (re-posted as soon as one arrives), replies from a
+// separate send buffer, and collects send completions as they come instead
+// of waiting for each one. One-way latency = the time of one round trip
+// (everything in the loop) / 2.
 
-void ProviderServer(const std::string& config, Listener* listener, Fabric* fabric,
-                    const std::vector<size_t>& sizes, int window) {
+// The server opens its own fabric after the fork (the fork rule in
+// docs/provider-interface.md: libfabric's shm and UCX keep threads and
+// mappings a forked child does not inherit) and reports its listener's
+// address on `report_fd`.
+void ProviderServer(const std::string& config, int report_fd, const std::vector<size_t>& sizes,
+                    int window) {
+  auto fabric_or = Fabric::Open(config);
+  if (!fabric_or.ok()) Die(fabric_or.status().ToString());
+  Fabric* fabric = fabric_or->get();
+  auto listener = fabric->Listen(absl::GetFlag(FLAGS_address));
+  if (!listener.ok()) Die(listener.status().ToString());
+  std::string address = (*listener)->address() + "\n";
+  if (::write(report_fd, address.data(), address.size()) != static_cast<ssize_t>(address.size())) {
+    Die("cannot report the listener's address");
+  }
+  ::close(report_fd);
   auto cq = fabric->CreateCq();
   if (!cq.ok()) Die(cq.status().ToString());
-  auto ep = listener->Accept(cq->get(), absl::Seconds(30));
+  auto ep = (*listener)->Accept(cq->get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
   Endpoint* e = ep->get();
-  size_t max = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(std::max<size_t>(max, 8)));
+  Completions comps(cq->get(), Spin());
+  size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
+  std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(max));
+  std::vector<uint8_t> out(max, 0xa5);
   for (size_t size : sizes) {
-    for (int i = 0; i < Iters(size); ++i) {
-      if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
-      WaitFor(cq->get(), OpType::kRecv);
-      if (!e->Send(bufs[0].data(), size, nullptr, 0).ok()) Die("send");
-      WaitFor(cq->get(), OpType::kSend);
+    const int rounds = Warmup(size) + Iters(size);
+    int64_t sends = 0, sent = 0;
+    if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+    for (int i = 0; i < rounds; ++i) {
+      for (;;) {
+        Completion c = comps.Next();
+        if (c.op == OpType::kRecv) break;
+        ++sent;
+      }
+      if (i + 1 < rounds && !e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+      if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
+      ++sends;
+    }
+    while (sent < sends) {
+      if (comps.Next().op == OpType::kSend) ++sent;
     }
     int64_t count = StreamCount(size);
     int64_t posted = 0, got = 0;
@@ -131,7 +217,7 @@ void ProviderServer(const std::string& config, Listener* listener, Fabric* fabri
       if (!e->PostRecv(bufs[posted % window].data(), max, nullptr, posted % window).ok()) Die("post");
     }
     while (got < count) {
-      Completion c = Next(cq->get());
+      Completion c = comps.Next();
       if (c.op != OpType::kRecv) continue;
       ++got;
       if (posted < count) {
@@ -139,10 +225,13 @@ void ProviderServer(const std::string& config, Listener* listener, Fabric* fabri
         ++posted;
       }
     }
-    if (!e->Send(bufs[0].data(), 1, nullptr, 0).ok()) Die("ack");
-    WaitFor(cq->get(), OpType::kSend);
+    if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("ack");
+    while (comps.Next().op != OpType::kSend) {}
   }
-  (void)config;
+  // Stay until the client has everything: a provider may report a send
+  // complete before the peer has the data, which must not vanish with us.
+  if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+  while (comps.Next().op != OpType::kRecv) {}
 }
 
 std::vector<Result> ProviderClient(const std::string& config, const std::string& address,
@@ -154,45 +243,55 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
   auto ep = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
   Endpoint* e = ep->get();
-  size_t max = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<uint8_t> out(std::max<size_t>(max, 8), 0x5a), in(std::max<size_t>(max, 8));
+  Completions comps(cq->get(), Spin());
+  size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
+  std::vector<uint8_t> out(max, 0x5a), in(max);
   std::vector<Result> results;
   for (size_t size : sizes) {
-    int iters = Iters(size);
+    const int warmup = Warmup(size), rounds = warmup + Iters(size);
     std::vector<double> rtt;
-    rtt.reserve(iters);
-    for (int i = 0; i < iters; ++i) {
-      int64_t t0 = absl::GetCurrentTimeNanos();
-      if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
+    rtt.reserve(rounds);
+    int64_t sends = 0, sent = 0;
+    if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
+    int64_t prev = absl::GetCurrentTimeNanos();
+    for (int i = 0; i < rounds; ++i) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
-      bool sent = false, got = false;
-      while (!sent || !got) {
-        Completion c = Next(cq->get());
-        sent |= c.op == OpType::kSend;
-        got |= c.op == OpType::kRecv;
+      ++sends;
+      for (;;) {
+        Completion c = comps.Next();
+        if (c.op == OpType::kRecv) break;
+        ++sent;
       }
-      rtt.push_back((absl::GetCurrentTimeNanos() - t0) / 1000.0);
+      if (i + 1 < rounds && !e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
+      int64_t now = absl::GetCurrentTimeNanos();
+      if (i >= warmup) rtt.push_back((now - prev) / 1000.0);
+      prev = now;
+    }
+    while (sent < sends) {
+      if (comps.Next().op == OpType::kSend) ++sent;
     }
     int64_t count = StreamCount(size);
     if (!e->PostRecv(in.data(), max, nullptr, 1).ok()) Die("post");
     int64_t t0 = absl::GetCurrentTimeNanos();
-    int64_t sent = 0, done = 0;
-    for (; sent < std::min<int64_t>(window, count); ++sent) {
+    int64_t sent_n = 0, done = 0;
+    for (; sent_n < std::min<int64_t>(window, count); ++sent_n) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
     }
     bool acked = false;
     while (done < count || !acked) {
-      Completion c = Next(cq->get());
+      Completion c = comps.Next();
       if (c.op == OpType::kRecv) { acked = true; continue; }
       ++done;
-      if (sent < count) {
+      if (sent_n < count) {
         if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
-        ++sent;
+        ++sent_n;
       }
     }
     double secs = (absl::GetCurrentTimeNanos() - t0) / 1e9;
-    results.push_back(Summarize(rtt, static_cast<double>(size) * count / secs / 1e9));
+    results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
   }
+  if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("bye");
+  while (comps.Next().op != OpType::kSend) {}
   return results;
 }
 
@@ -252,24 +351,31 @@ std::vector<Result> TcpClient(int port, const std::vector<size_t>& sizes) {
     for (int64_t i = 0; i < count; ++i) FullIo(fd, buf.data(), size, true);
     FullIo(fd, buf.data(), 1, false);
     double secs = (absl::GetCurrentTimeNanos() - t0) / 1e9;
-    results.push_back(Summarize(rtt, static_cast<double>(size) * count / secs / 1e9));
+    results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
   }
   ::close(fd);
   return results;
 }
 
-// Runs `server` in a child pinned to core 0 and `client` here on core 1.
+// Runs `server` in a child pinned to the first of --cores and `client` here
+// on the second.
 template <typename ServerFn, typename ClientFn>
 std::vector<Result> RunPair(ServerFn server, ClientFn client) {
+  std::vector<std::string> cores = absl::StrSplit(absl::GetFlag(FLAGS_cores), ',');
+  int server_core = 0, client_core = 1;
+  if (cores.size() != 2 || !absl::SimpleAtoi(cores[0], &server_core) ||
+      !absl::SimpleAtoi(cores[1], &client_core)) {
+    Die("--cores must be two core numbers, e.g. 0,1");
+  }
   std::fflush(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
-    Pin(0);
+    Pin(server_core);
     server();
     std::fflush(nullptr);
     _exit(0);
   }
-  Pin(1);
+  Pin(client_core);
   std::vector<Result> r = client();
   int status = 0;
   waitpid(pid, &status, 0);
@@ -279,6 +385,9 @@ std::vector<Result> RunPair(ServerFn server, ClientFn client) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   std::vector<size_t> sizes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
     size_t v;
@@ -288,42 +397,46 @@ int Main(int argc, char** argv) {
   const std::string config = absl::GetFlag(FLAGS_provider);
   const int window = absl::GetFlag(FLAGS_window);
   const std::string role = absl::GetFlag(FLAGS_role);
-  // The server opens its fabric in its own process: one that listens.
-  auto serve = [&](int address_fd) {
-    auto fabric = Fabric::Open(config);
-    if (!fabric.ok()) Die(fabric.status().ToString());
-    auto listener = (*fabric)->Listen(absl::GetFlag(FLAGS_address));
-    if (!listener.ok()) Die(listener.status().ToString());
-    std::string address = (*listener)->address() + "\n";
-    if (::write(address_fd, address.data(), address.size()) != static_cast<ssize_t>(address.size())) {
-      Die("writing the listener address");
-    }
-    ProviderServer(config, listener->get(), fabric->get(), sizes, window);
-  };
   if (role == "server") {
     std::fprintf(stderr, "serving %s; run the client with --address=", config.c_str());
-    serve(STDERR_FILENO);
+    ProviderServer(config, ::dup(STDERR_FILENO), sizes, window);
     return 0;
   }
-  if (role != "both" && role != "client") Die("--role is both, server or client");
-  std::vector<Result> zs;
   if (role == "client") {
     if (absl::GetFlag(FLAGS_address).empty()) Die("--role=client needs --address=<server address>");
-    zs = ProviderClient(config, absl::GetFlag(FLAGS_address), sizes, window);
-  } else {
-    int pipefd[2];
-    if (::pipe(pipefd) != 0) Die("pipe");
-    std::fprintf(stderr, "running %s ...\n", config.c_str());
-    zs = RunPair([&] { ::close(pipefd[0]); serve(pipefd[1]); },
-                 [&] {
-                   ::close(pipefd[1]);
-                   std::string address;
-                   char ch;
-                   while (::read(pipefd[0], &ch, 1) == 1 && ch != '\n') address += ch;
-                   ::close(pipefd[0]);
-                   if (address.empty()) Die("the server process did not start");
-                   return ProviderClient(config, address, sizes, window);
-                 });
+    auto results = ProviderClient(config, absl::GetFlag(FLAGS_address), sizes, window);
+    std::printf("%-10s %-10s %10s %10s %10s %12s\n", "transport", "size", "lat_p50us",
+                "lat_p99us", "lat_avgus", "bw_GB/s");
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f\n", config.c_str(), sizes[i],
+                  results[i].p50, results[i].p99, results[i].avg, results[i].gbps);
+    }
+    return 0;
+  }
+  if (role != "both") Die("--role is both, server or client");
+  std::fprintf(stderr, "running %s ...\n", config.c_str());
+  int report[2];
+  if (::pipe(report) != 0) Die("pipe");
+  auto zs = RunPair(
+      [&] {
+        ::close(report[0]);
+        ProviderServer(config, report[1], sizes, window);
+      },
+      [&] {
+        ::close(report[1]);
+        std::string address;
+        char ch;
+        while (::read(report[0], &ch, 1) == 1 && ch != '\n') address += ch;
+        ::close(report[0]);
+        if (address.empty()) Die("the server process could not listen (its error is above)");
+        return ProviderClient(config, address, sizes, window);
+      });
+  if (absl::GetFlag(FLAGS_tsv)) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::printf("%zu\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\n", sizes[i], zs[i].p50, zs[i].p99,
+                  zs[i].avg, zs[i].pp_mbps, zs[i].gbps * 1000);
+    }
+    return 0;
   }
   std::vector<Result> tcp;
   if (absl::GetFlag(FLAGS_baseline_tcp)) {

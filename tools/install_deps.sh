@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(
   bazel-bootstrap bazel-platforms g++ python3 iproute2
+  libfabric-bin ucx-utils
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libucx-dev libibverbs-dev librdmacm-dev
   # bench: plots (zsock_bench --plot) and the peers of bench/compare_peers.sh

@@ -42,6 +42,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -61,6 +62,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -928,6 +930,7 @@ class UcxCq final : public CompletionQueue {
 
   static constexpr int64_t kMinBackoffNs = 20 * 1000;
   static constexpr int64_t kMaxBackoffNs = 2 * 1000 * 1000;
+  static constexpr int64_t kSocketCheckNs = 1000 * 1000;
 
   int wait_fd() const override { return epoll_.get(); }
   UcxFabric* fabric() const { return fabric_; }
@@ -964,6 +967,7 @@ class UcxCq final : public CompletionQueue {
   bool ArmProvider() override;
   void ClearWakeup() override {
     armed_.store(false, std::memory_order_seq_cst);
+    check_socks_.store(true, std::memory_order_relaxed);
     Drain();
   }
   void UnmuteAll() {
@@ -1001,7 +1005,9 @@ class UcxCq final : public CompletionQueue {
   std::vector<int> muted_ ABSL_GUARDED_BY(mute_mu_);  // worker fds taken out of epoll_
   std::atomic<bool> pushed_{false};  // delivered from outside Progress since it ran
   std::atomic<bool> armed_{false};   // a waiter may sleep on wait_fd
+  std::atomic<bool> check_socks_{true};  // look at the sockets in the next Progress
   Mutex mu_;
+  int64_t last_sock_check_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<UcxEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -1395,8 +1401,9 @@ class UcxFabric final : public Fabric {
                                                       absl::Time deadline);
 
   // Workers that exist (created at the first connection).
-  std::vector<Worker*> LiveWorkers() const {
-    std::vector<Worker*> out;
+  // Called on every Poll: no allocation.
+  absl::InlinedVector<Worker*, 2> LiveWorkers() const {
+    absl::InlinedVector<Worker*, 2> out;
     if (Worker* w = primary_.load(std::memory_order_acquire)) out.push_back(w);
     if (Worker* w = fallback_.load(std::memory_order_acquire)) {
       if (w != primary_.load(std::memory_order_acquire)) out.push_back(w);
@@ -2009,11 +2016,22 @@ size_t UcxCq::Progress() {
   }
   {
     MutexLock lock(&mu_);
-    epoll_event evs[64];
-    int k = ::epoll_wait(socks_.get(), evs, 64, 0);
-    for (int i = 0; i < k; ++i) {
-      static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
-      ++n;
+    // The connection sockets only signal a peer's end, and looking at them
+    // costs a system call: a busy poller (ping-pong) looks once per tick of
+    // the coarse clock (a few ms; reading it costs no system call), a
+    // waiter after every wakeup (ClearWakeup, ArmProvider).
+    timespec ts;
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const int64_t now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+    if (check_socks_.exchange(false, std::memory_order_relaxed) ||
+        now - last_sock_check_ >= kSocketCheckNs) {
+      last_sock_check_ = now;
+      epoll_event evs[64];
+      int k = ::epoll_wait(socks_.get(), evs, 64, 0);
+      for (int i = 0; i < k; ++i) {
+        static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
+        ++n;
+      }
     }
     for (UcxEndpoint* ep : endpoints_) n += ep->Service();
   }
@@ -2027,7 +2045,10 @@ bool UcxCq::ArmProvider() {
   Drain();
   if (pushed_.load(std::memory_order_seq_cst)) return false;
   epoll_event ev;
-  if (::epoll_wait(socks_.get(), &ev, 1, 0) > 0) return false;
+  if (::epoll_wait(socks_.get(), &ev, 1, 0) > 0) {
+    check_socks_.store(true, std::memory_order_relaxed);
+    return false;
+  }
   bool busy_idle = false;
   std::vector<int> idle;
   for (Worker* w : fabric_->LiveWorkers()) {

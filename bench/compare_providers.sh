@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Provider-level ping-pong latency and bandwidth of zsock's ofi and ucx
+# configurations beside the transports' own tools, on the same transports and
+# sizes, in one run, printed as one table with ratios (zsock / peer):
+#
+#   zsock ofi:tcp;ofi_rxm?iface=lo  vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -d lo
+#   zsock ofi:shm                   vs  fi_pingpong -p shm -e rdm
+#   zsock ucx:tcp                   vs  UCX_TLS=tcp ucx_perftest -t tag_lat / tag_bw
+#   zsock ucx:posix,cma             vs  UCX_TLS=posix,cma ucx_perftest -t tag_lat / tag_bw
+#
+# Usage (as root on a fresh Debian 12 clone; installs what is missing):
+#   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
+#                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix]
+#                                   [--repeat=5]
+#
+# Every pair of processes (zsock's, fi_pingpong's, ucx_perftest's) runs on
+# 127.0.0.1 with the server pinned to the first core and the client to the
+# second (taskset), and every side busy-polls its completion queue:
+# provider_bench --wait=spin polls CompletionQueue::Poll, fi_pingpong polls
+# fi_cq_read on FI_WAIT_NONE CQs, ucx_perftest polls ucp_worker_progress.
+#
+# Latency is one-way (round trip / 2), in microseconds: the average over the
+# timed round trips (fi_pingpong reports only that) and, where the peer
+# reports one, the median. Iterations per size are the same for all three:
+# --iters below 64 KiB, a tenth of it from 64 KiB, a hundredth from 1 MiB
+# (at least 200 and 50). zsock and ucx_perftest first run a tenth as many
+# untimed warm-up round trips; fi_pingpong has no warm-up option.
+#
+# Every measurement (zsock's, and each peer tool's per size) is repeated
+# --repeat times and each number printed is the best of its repeats (lowest
+# latency, highest bandwidth), for zsock and the peers alike: on a shared
+# 2-core VM a single run's average swings by 2-4x with what else runs.
+#
+# Bandwidth, in 10^6 bytes per second, is measured the way each peer tool
+# measures it: against fi_pingpong, ping-pong bandwidth (size / one-way
+# latency, fi_pingpong's MB/sec); against ucx_perftest, streaming bandwidth
+# with 32 messages outstanding (tag_bw -O 32; zsock: --window=32), computed
+# from the message rate so that UCX's MB (2^20) does not matter.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+sizes=64,4096,65536,1048576
+iters=20000
+cores=0,1
+configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix
+repeat=5
+for arg in "$@"; do
+  case "$arg" in
+    --sizes=*) sizes=${arg#*=} ;;
+    --iters=*) iters=${arg#*=} ;;
+    --cores=*) cores=${arg#*=} ;;
+    --configs=*) configs=${arg#*=} ;;
+    --repeat=*) repeat=${arg#*=} ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    *) echo "compare_providers: unknown argument $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+server_core=${cores%,*}
+client_core=${cores#*,}
+window=32
+stream_msgs=200000     # per size, at most (bounds the time of small sizes)
+stream_bytes=$((256 << 20))
+
+bash tools/install_deps.sh || exit 1
+bazel build -c opt --config=ci //bench:provider_bench || exit 1
+bench=$(pwd)/bazel-bin/bench/provider_bench
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+iters_for() {  # provider_bench's Iters(size)
+  local s=$1
+  if [ "$s" -ge $((1 << 20)) ]; then echo $(( iters / 100 > 50 ? iters / 100 : 50 ))
+  elif [ "$s" -ge $((64 << 10)) ]; then echo $(( iters / 10 > 200 ? iters / 10 : 200 ))
+  else echo "$iters"; fi
+}
+warmup_for() { local n; n=$(iters_for "$1"); echo $(( n / 10 > 10 ? n / 10 : 10 )); }
+stream_for() {  # provider_bench's StreamCount(size)
+  local n=$(( stream_bytes / $1 ))
+  [ "$n" -gt "$stream_msgs" ] && n=$stream_msgs
+  [ "$n" -lt 64 ] && n=64
+  echo "$n"
+}
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+wait_listening() {  # port
+  for _ in $(seq 100); do
+    ss -Htln "sport = :$1" 2>/dev/null | grep -q . && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# run_pair PORT -- SERVER... -- CLIENT...: the server pinned to server_core,
+# the client to client_core; the client's output is in $tmp/client.out.
+run_pair() {
+  local port=$1; shift; shift
+  local server=() client=()
+  while [ "$1" != "--" ]; do server+=("$1"); shift; done
+  shift
+  client=("$@")
+  taskset -c "$server_core" "${server[@]}" >"$tmp/server.out" 2>&1 &
+  local spid=$!
+  pids+=("$spid")
+  if ! wait_listening "$port"; then
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    echo "server never listened: $(tail -1 "$tmp/server.out")" >"$tmp/client.out"
+    return 1
+  fi
+  timeout 600 taskset -c "$client_core" "${client[@]}" >"$tmp/client.out" 2>&1
+  local rc=$?
+  for _ in $(seq 100); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+  kill "$spid" 2>/dev/null
+  wait "$spid" 2>/dev/null
+  return $rc
+}
+
+# fi_pingpong PROVIDER SIZE [-d DOMAIN] -> "avg_us MBps" or "n/a (...)"
+fi_pp() {
+  local prov=$1 size=$2; shift 2
+  command -v fi_pingpong >/dev/null || { echo "n/a (fi_pingpong missing: apt-get install libfabric-bin)"; return; }
+  local port n
+  port=$(free_port)
+  n=$(iters_for "$size")
+  if ! run_pair "$port" -- fi_pingpong -p "$prov" -e rdm "$@" -I "$n" -S "$size" -B "$port" \
+       -- fi_pingpong -p "$prov" -e rdm "$@" -I "$n" -S "$size" -P "$port" 127.0.0.1; then
+    echo "n/a (fi_pingpong failed: $(grep -v '^$' "$tmp/client.out" | tail -1 | cut -c1-80))"
+    return
+  fi
+  # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+  awk '$1 ~ /^[0-9]/ && NF >= 8 {print $7, $6}' "$tmp/client.out" | tail -1
+}
+
+# ucx_perftest TLS TEST SIZE N -> "p50_us avg_us msgrate" or "n/a (...)"
+ucx_pt() {
+  local tls=$1 test=$2 size=$3 n=$4
+  command -v ucx_perftest >/dev/null || { echo "n/a (ucx_perftest missing: apt-get install ucx-utils)"; return; }
+  local port w=$(( n / 10 > 10 ? n / 10 : 10 ))
+  port=$(free_port)
+  if ! run_pair "$port" -- env UCX_TLS="$tls" ucx_perftest -p "$port" \
+       -- env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$n" \
+          -w "$w" -O "$window"; then
+    echo "n/a (ucx_perftest failed: $(grep -v '^$' "$tmp/client.out" | tail -1 | cut -c1-80))"
+    return
+  fi
+  # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
+  awk '$1 == "Final:" {print $3, $4, $9}' "$tmp/client.out" | tail -1
+}
+
+# The best of the numbers on stdin: "l" the lowest, "h" the highest ("-" if none).
+best() {
+  if [ "$1" = h ]; then sort -gr; else sort -g; fi | awk 'NR == 1 { v = $1 } END { print (NR ? v : "-") }'
+}
+
+# zsock CONFIG -> lines "size p50 p99 avg pp_MBps stream_MBps" in $tmp/zs.tsv,
+# each column the best of --repeat runs.
+zs_bench() {
+  local r
+  : >"$tmp/zs.all"
+  for r in $(seq "$repeat"); do
+    "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
+      --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
+      --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
+      >>"$tmp/zs.all" 2>"$tmp/zs.err" || return 1
+  done
+  : >"$tmp/zs.tsv"
+  local size col line
+  for size in "${size_list[@]}"; do
+    line=$size
+    for col in 2:l 3:l 4:l 5:h 6:h; do
+      line+=" $(awk -v s="$size" -v c="${col%:*}" '$1 == s { print $c }' "$tmp/zs.all" | best "${col#*:}")"
+    done
+    echo "$line" >>"$tmp/zs.tsv"
+  done
+}
+
+# repeated KINDS CMD...: runs CMD (a peer measurement printing numbers on one
+# line) --repeat times and prints each column's best (KINDS: one l or h per
+# column), or the first "n/a (...)".
+repeated() {
+  local kinds=$1; shift
+  local r out all=()
+  for r in $(seq "$repeat"); do
+    out=$("$@")
+    if [[ "$out" == n/a* ]]; then echo "$out"; return; fi
+    all+=("$out")
+  done
+  local ncol col line=""
+  ncol=$(awk '{ print NF; exit }' <<<"${all[0]}")
+  for col in $(seq "$ncol"); do
+    line+="$(printf '%s\n' "${all[@]}" | awk -v c="$col" '{ print $c }' | best "${kinds:col-1:1}") "
+  done
+  echo "$line"
+}
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; best of $repeat runs"
+echo
+rows=()
+row() { rows+=("$(printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
+fmt() { awk -v a="$1" 'BEGIN { if (a == "" || a == "-") print "-"; else printf "%.2f", a }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b == 0) print "-"; else printf "%.2fx", a / b }'; }
+
+IFS=, read -ra cfgs <<<"$configs"
+IFS=, read -ra size_list <<<"$sizes"
+for cfg in "${cfgs[@]}"; do
+  case "$cfg" in
+    ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-d lo) ;;
+    ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=() ;;
+    ucx:tcp) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp ;;
+    ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
+    *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
+  esac
+  echo "running zsock $zs ..." >&2
+  zs_ok=1
+  if ! zs_bench "$zs"; then
+    zs_ok=0
+    zs_reason=$(grep -v '^$' "$tmp/zs.err" | grep 'provider_bench:' | head -1 | sed 's/^provider_bench: //' | cut -c1-100)
+    [ -n "$zs_reason" ] || zs_reason=$(grep -v '^$' "$tmp/zs.err" | tail -1 | cut -c1-100)
+  fi
+  for size in "${size_list[@]}"; do
+    echo "running $peer ($cfg) size $size ..." >&2
+    zs_line=""
+    [ "$zs_ok" = 1 ] && zs_line=$(awk -v s="$size" '$1 == s' "$tmp/zs.tsv")
+    read -r _ zp50 _ zavg zpp zstream <<<"${zs_line:-x - - - - -}"
+    if [ "$peer" = fi_pingpong ]; then
+      out=$(repeated lh fi_pp "$prov" "$size" "${extra[@]}")
+      if [[ "$out" == n/a* ]]; then pavg="-"; ppbw="-"; note=$out; else read -r pavg ppbw <<<"$out"; note=""; fi
+      pp50="-"
+      zbw=$zpp
+    else
+      n=$(iters_for "$size")
+      out=$(repeated llh ucx_pt "$tls" tag_lat "$size" "$n")
+      if [[ "$out" == n/a* ]]; then pp50="-"; pavg="-"; note=$out; else read -r pp50 pavg _ <<<"$out"; note=""; fi
+      out=$(repeated llh ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
+      if [[ "$out" == n/a* ]]; then ppbw="-"; note="${note:-$out}"; else
+        read -r _ _ rate <<<"$out"; ppbw=$(awk -v r="$rate" -v s="$size" 'BEGIN { printf "%.1f", r * s / 1e6 }'); fi
+      zbw=$zstream
+    fi
+    row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" \
+        "$(fmt "$zp50")" "$(fmt "$pp50")" "$(ratio "$zp50" "$pp50")" \
+        "$(fmt "$zbw")" "$(fmt "$ppbw")" "$(ratio "$zbw" "$ppbw")"
+    [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
+    [ -z "$note" ] || rows+=("    $peer: $note")
+  done
+done
+
+echo "one-way latency (us), average and median (fi_pingpong reports no median); ratios are zsock / peer"
+echo "bandwidth (10^6 B/s): ofi rows ping-pong (size / one-way latency), ucx rows streaming with $window outstanding"
+printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
+  zs_avg peer_avg ratio zs_p50 peer_p50 ratio zs_bw peer_bw ratio
+for r in "${rows[@]}"; do echo "$r"; done
