@@ -77,6 +77,7 @@ struct ConnState {
   bool shut_wr = false;       // DisconnReq queued
   bool shut_rd = false;
   bool peer_shut_wr = false;  // DisconnReq received
+  bool peer_aborted = false;  // AbortConn received
   std::string local_address, peer_address;
   uint8_t my_caps = 0;
 
@@ -154,6 +155,10 @@ struct ConnState {
   void Fail(absl::Status why);
   void ProtocolError(absl::Status why);
   void TryTransmit();
+  // How many credits a report now would add to the peer's view.
+  int Owed() const {
+    return rx_posted + static_cast<int>(recv_since_report) - last_reported;
+  }
   int Credits() const { return static_cast<int>(peer_bufs) - static_cast<int>(tx_mseq - peer_ack); }
   uint32_t ReadinessNow() const;
   bool CanAppend() const;

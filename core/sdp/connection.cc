@@ -183,6 +183,7 @@ void ConnState::PostRx(int buf) {
   uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
   auto st = ep->PostRecv(p, rx_size, rx.mr.get(), MakeCtx(id, kCtxRx, buf));
   if (!st.ok()) {
+    if (peer_shut_wr) return;  // the peer is done; nothing more to receive
     Fail(ResetError(absl::StrCat("posting a receive buffer failed: ", st.message())));
     return;
   }
@@ -193,7 +194,7 @@ void ConnState::PostRx(int buf) {
 void ConnState::Repost(int buf) {
   if (phase == Phase::kClosed || !error.ok()) return;
   PostRx(buf);
-  int owed = rx_posted - last_reported;
+  int owed = Owed();
   int peer_est = last_reported - static_cast<int>(recv_since_report);
   if (owed > 0 && (peer_est <= kCreditReserve + 1 || owed >= rx_count / 2)) {
     credit_update_pending = true;
@@ -275,11 +276,19 @@ void ConnState::OnRx(int buf, size_t len) {
 }
 
 void ConnState::VoidSinkAvail() {
-  if (sink.active && sink.posted && !sink.resolved) {
-    sink.resolved = true;
-    sink.written = 0;
-    stats.sinkavail_void++;
+  if (!sink.active || sink.resolved) return;
+  if (!sink.posted) {
+    // Still queued here: withdraw it.
+    for (auto it = ctlq.begin(); it != ctlq.end(); ++it) {
+      if (it->mid == MessageId::kSinkAvail) {
+        ctlq.erase(it);
+        break;
+      }
+    }
   }
+  sink.resolved = true;
+  sink.written = 0;
+  stats.sinkavail_void++;
 }
 
 void ConnState::Process(int buf, size_t len) {
@@ -403,10 +412,11 @@ void ConnState::Process(int buf, size_t len) {
         return;
       }
       last_sink_advert = h.mseq;
+      stats.sinkavail_received++;
       // Valid only if nothing this side sent is still on its way to the sink
       // and no SrcAvail is outstanding; otherwise void (the sink sees data
       // first and knows).
-      if (a.stream_pos == tx_pos && !src.active && !shut_wr) {
+      if (a.stream_pos == tx_pos && !(src.active && !src.finished) && !shut_wr) {
         sink_in.valid = true;
         sink_in.writing = false;
         sink_in.cancel_requested = false;
@@ -438,6 +448,7 @@ void ConnState::Process(int buf, size_t len) {
         return;
       }
       src.done += c.bytes;
+      tx_pos += c.bytes;  // here, not in Send: a SinkAvail may follow at once
       if (h.flags & wire::kFlagSendSmall) src.send_small = true;
       if (src.cancel_sent) {
         if (h.flags & wire::kFlagCancelReply) src.finished = true;
@@ -530,6 +541,7 @@ void ConnState::Process(int buf, size_t len) {
       break;
     case MessageId::kAbortConn: {
       uint32_t reason = std::get<wire::Abort>(m.body).reason;
+      peer_aborted = true;
       Fail(ResetError(absl::StrCat("connection reset by the peer (AbortConn",
                                    reason ? absl::StrCat(", reason errno ", reason) : "", ")")));
       return;
@@ -637,38 +649,44 @@ bool ConnState::PostItem(TxItem& item) {
 void ConnState::TryTransmit() {
   if (phase != Phase::kOpen || !error.ok() || held) return;
   for (;;) {
-    if (ctlq.empty() && dataq.empty()) {
-      if (!credit_update_pending || rx_posted <= last_reported) return;
-      TxItem upd;  // Data without payload
-      upd.mid = MessageId::kData;
-      upd.encoded.clear();
-      ctlq.push_back(std::move(upd));
-    }
-    bool from_ctl = !ctlq.empty();
-    TxItem& item = from_ctl ? ctlq.front() : dataq.front();
     int credits = Credits();
-    int owed = rx_posted - last_reported;
-    bool data = item.mid == MessageId::kData && item.payload > 0;
-    int need = data ? kCreditReserve + 1 : 1;
-    if (credits < need || (credits == 1 && owed <= 0)) {
-      if (data && !stalled) {
+    int owed = Owed();
+    if (!ctlq.empty() || !dataq.empty()) {
+      bool from_ctl = !ctlq.empty();
+      TxItem& item = from_ctl ? ctlq.front() : dataq.front();
+      bool data = item.mid == MessageId::kData && item.payload > 0;
+      int need = data ? kCreditReserve + 1 : 1;
+      bool can = credits >= need && !(credits == 1 && owed <= 0) &&
+                 (item.slot >= 0 || !tx_free.empty());
+      if (can) {
+        if (opt.test_hold && !opt.test_hold(item.mid)) {
+          held = true;
+          return;
+        }
+        if (!PostItem(item)) return;
+        if (from_ctl) {
+          ctlq.pop_front();
+        } else {
+          dataq.pop_front();
+        }
+        engine->NotifyLocked();
+        continue;
+      }
+      if (data && credits < need && !stalled) {
         stalled = true;
         stats.credit_stalls++;
       }
-      return;
     }
-    if (item.slot < 0 && tx_free.empty()) return;
-    if (opt.test_hold && !opt.test_hold(item.mid)) {
-      held = true;
-      return;
+    // The head cannot go (or nothing is queued): a credit update still may,
+    // so that two sides stalled on Data never deadlock (docs/protocol.md).
+    if (credit_update_pending && owed > 0 && credits >= 1 && !tx_free.empty()) {
+      TxItem upd;  // Data without payload
+      upd.mid = MessageId::kData;
+      if (!PostItem(upd)) return;
+      engine->NotifyLocked();
+      continue;
     }
-    if (!PostItem(item)) return;
-    if (from_ctl) {
-      ctlq.pop_front();
-    } else {
-      dataq.pop_front();
-    }
-    engine->NotifyLocked();
+    return;
   }
 }
 
@@ -915,7 +933,6 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             bool small = c->src.send_small;
             bool cancelled = c->src.cancel_sent;
             c->src = ConnState::Src{};
-            c->tx_pos += got;
             c->stats.bytes_sent_srcavail += got;
             off += got;
             total += got;
@@ -1092,8 +1109,10 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
       }
       c->TryTransmit();
       if (cur.done() || (copied > 0 && !waitall)) break;
+      // End of stream: the peer's DisconnReq came after all its data (even
+      // if the connection failed afterwards, unless it was reset).
+      if (c->peer_shut_wr && c->rxq.empty() && !c->peer_aborted) break;
       if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
-      if (c->peer_shut_wr && c->rxq.empty()) break;  // end of stream
       if (peek && copied > 0) break;
       if (dontwait) {
         if (copied > 0) break;

@@ -89,6 +89,7 @@ struct ConnectionStats {
   uint64_t sinkavail_sent = 0;
   uint64_t sinkavail_cancels = 0;      // SinkAvailCancel sent
   uint64_t sinkavail_void = 0;         // SinkAvails overtaken by data
+  uint64_t sinkavail_received = 0;     // peer's SinkAvails seen (source side)
 };
 
 class Connection {
