@@ -476,6 +476,7 @@ void ConnState::Process(int buf, size_t len) {
     }
     case MessageId::kSrcAvailCancel: {
       auto r = std::get<wire::AdvertRef>(m.body);
+      stats.cancels_received++;
       if (r.advert != last_src_advert) {
         ProtocolError(Violation(h, absl::StrCat("cancels SrcAvail ", r.advert,
                                                 ", not the last one received")));
@@ -501,6 +502,7 @@ void ConnState::Process(int buf, size_t len) {
     }
     case MessageId::kSinkAvailCancel: {
       auto r = std::get<wire::AdvertRef>(m.body);
+      stats.cancels_received++;
       if (r.advert != last_sink_advert) {
         ProtocolError(Violation(h, absl::StrCat("cancels SinkAvail ", r.advert,
                                                 ", not the last one received")));
