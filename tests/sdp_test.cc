@@ -466,6 +466,51 @@ TEST_P(SdpTest, PeerKilledMidTransferFailsBlockedCalls) {
   EXPECT_EQ(Reap(child), -SIGKILL);
 }
 
+// With a progress thread, a connection progresses while the application
+// sleeps: the readiness callback fires (as the sockets layer will mirror it
+// onto a real fd) without any call into the engine.
+TEST_P(SdpTest, ProgressThreadFiresReadinessWhileTheAppSleeps) {
+  pid_t child = Spawn([&] {
+    ChildSide s;
+    auto e = Engine::Create({GetParam().config, /*progress_thread=*/true});
+    CHILD_OK(e.status());
+    s.engine = std::move(*e);
+    auto c = s.engine->Connect(listener_->address(), Options(), Deadline());
+    CHILD_OK(c.status());
+    s.conn = std::move(*c);
+    absl::Mutex mu;
+    bool readable = false;
+    s.conn->SetReadinessCallback([&](uint32_t r) {
+      absl::MutexLock l(&mu);
+      if (r & kReadable) readable = true;
+    });
+    uint8_t go = 1;
+    CHILD_OK(s.conn->Send(&go, 1, 0, Deadline()).status());
+    {
+      // Sleep without calling the engine until the callback reports data.
+      absl::MutexLock l(&mu);
+      CHILD_CHECK(mu.AwaitWithTimeout(absl::Condition(&readable), absl::Seconds(30)));
+    }
+    std::string err = ReadStream(s.conn.get(), 100000, 31);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  uint8_t go = 0;
+  auto g = c->Recv(&go, 1, 0, Deadline());
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::SleepFor(absl::Milliseconds(100));  // the child is asleep by now
+  std::vector<uint8_t> buf(100000);
+  FillStream(buf.data(), 0, buf.size(), 31);
+  ASSERT_TRUE(c->Send(buf.data(), buf.size(), 0, Deadline()).ok());
+  ASSERT_TRUE(c->Shutdown(SHUT_WR).ok());
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Each malformed message aborts only its own connection.
 TEST_P(SdpTest, MalformedHeadersAbortOnlyThatConnection) {
   auto raw = [](MessageId mid, uint32_t len, uint16_t bufs, uint32_t mseq, uint32_t ack,
