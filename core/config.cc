@@ -41,7 +41,7 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
        "SDP data path: bcopy (copy through private buffers) or zcopy (SrcAvail/"
        "SinkAvail with RDMA at and above zcopy_threshold)",
        {"bcopy", "zcopy"}},
-      {"zcopy_threshold", ConfigType::kSize, "64K",
+      {"zcopy_threshold", ConfigType::kSize, "128K",
        "SDP: smallest send (and receive buffer) that goes zero-copy in zcopy mode", {}, 1024,
        int64_t{1} << 30},
       {"unet_ring_entries", ConfigType::kInt, "256",

@@ -158,8 +158,12 @@ struct ConnState {
   void TryTransmit();
   // How many credits a report now would add to the peer's view.
   int Owed() const {
-    return rx_posted + static_cast<int>(recv_since_report) - last_reported;
+    return Reportable() + static_cast<int>(recv_since_report) - last_reported;
   }
+  // The `bufs` to report with mseq_ack = rx_mseq: buffers posted, plus those
+  // holding messages that completed ahead of their turn (they are past
+  // mseq_ack, so the peer subtracts them again).
+  int Reportable() const { return rx_posted + static_cast<int>(rx_reorder.size()); }
   int Credits() const { return static_cast<int>(peer_bufs) - static_cast<int>(tx_mseq - peer_ack); }
   uint32_t ReadinessNow() const;
   bool CanAppend() const;

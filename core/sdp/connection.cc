@@ -618,7 +618,7 @@ bool ConnState::PostItem(TxItem& item) {
   wire::Header h;
   h.mid = item.mid;
   h.flags = flags;
-  h.bufs = static_cast<uint16_t>(rx_posted);
+  h.bufs = static_cast<uint16_t>(Reportable());
   h.len = static_cast<uint32_t>(len);
   h.mseq = ++tx_mseq;
   h.mseq_ack = rx_mseq;
@@ -640,7 +640,7 @@ bool ConnState::PostItem(TxItem& item) {
     return false;
   }
   tx_inflight++;
-  last_reported = rx_posted;
+  last_reported = Reportable();
   recv_since_report = 0;
   credit_update_pending = false;
   stats.messages_sent++;
@@ -842,7 +842,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
       if (total > 0) return total;
       return st;
     };
-    if (!c->error.ok()) return c->local_abort ? c->error : c->error;
+    if (!c->error.ok()) return c->error;
     if (c->shut_wr) return PipeError();
     if (c->phase != ConnState::Phase::kOpen) return Closed();
     const size_t threshold = std::max<size_t>(c->opt.zcopy_threshold, 1);

@@ -52,7 +52,7 @@ struct ConnectionOptions {
   size_t rcvbuf = 1 << 20;      // receive buffers = rcvbuf / buf_size
   size_t sndbuf = 1 << 20;      // bytes Send may queue ahead of credits
   Mode mode = Mode::kBcopy;     // kZcopy: SrcAvail/SinkAvail above threshold
-  size_t zcopy_threshold = 64 << 10;
+  size_t zcopy_threshold = 128 << 10;  // docs/protocol.md, "Measured"
   absl::Duration linger = absl::Seconds(10);  // Close waits this long to flush
   // Test hook: called before each message is posted, with its id; returning
   // false holds it (and everything behind it in its queue) until
