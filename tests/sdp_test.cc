@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/rcache.h"
 #include "core/sdp/engine.h"
 #include "core/sdp/wire.h"
 #include "core/status.h"
@@ -860,7 +861,7 @@ TEST_P(SdpCancelTest, SrcAvailAndSinkAvailCross) {
     CHILD_OK(r.status());
     CHILD_CHECK(*r == kBig);
     CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
-    CHILD_CHECK(s.conn->stats().bytes_sent_sinkavail == 0);
+    CHILD_CHECK(s.conn->stats().rdma_fallbacks >= 1);
     CHILD_OK(s.conn->Shutdown(SHUT_WR));
     char b;
     CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
@@ -881,6 +882,139 @@ TEST_P(SdpCancelTest, SrcAvailAndSinkAvailCross) {
   EXPECT_EQ(c->stats().sinkavail_sent, 1u);
   EXPECT_EQ(c->stats().sinkavail_void, 1u);
   EXPECT_EQ(c->stats().bytes_recv_srcavail, kBig);
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink reads one SrcAvail in many small pieces (its buffers are smaller
+// than the advert): every byte once, all by RDMA read.
+TEST_P(SdpCancelTest, SinkReadsASrcAvailInSmallPieces) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 26);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  std::vector<uint8_t> piece(1000), scratch;
+  size_t off = 0;
+  while (off < kBig) {
+    auto k = c->Recv(piece.data(), piece.size(), 0, Deadline());
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_GT(*k, 0u);
+    ASSERT_EQ(CheckStream(piece.data(), off, *k, 26, &scratch), -1) << "at " << off;
+    off += *k;
+  }
+  EXPECT_EQ(c->stats().bytes_recv_srcavail, kBig);
+  auto eof = c->Recv(piece.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The source's registration is revoked while its SrcAvail is outstanding
+// (as a free() of a heap neighbour does): the sink's read is refused, it
+// answers SendSmall and the source sends the rest by bcopy, byte-exact.
+// On ofi a refused remote access ends the connection (as on an RC queue
+// pair; docs/provider-interface.md), so there is no fallback to exercise.
+bool RefusalEndsConnection(const std::string& config) { return config.rfind("ofi", 0) == 0; }
+
+TEST_P(SdpCancelTest, RevokedSourceFallsBackToBcopy) {
+  if (RefusalEndsConnection(GetParam().config)) {
+    GTEST_SKIP() << "a refused RDMA access ends an ofi connection: no fallback to test";
+  }
+  int revoked[2];
+  ASSERT_EQ(pipe(revoked), 0);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 27);
+    std::thread revoker([&] {
+      WaitFor(s.engine.get(), [&] { return s.conn->stats().srcavail_sent >= 1; });
+      s.engine->fabric()->rcache().Invalidate(buf.data(), buf.size());
+      char one = 1;
+      CHILD_CHECK(write(revoked[1], &one, 1) == 1);
+    });
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    revoker.join();
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().sendsmall == 1);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  char one;
+  ASSERT_EQ(read(revoked[0], &one, 1), 1);  // the key is revoked before we read
+  close(revoked[0]);
+  close(revoked[1]);
+  EXPECT_EQ(ReadStream(c.get(), kBig, 27), "");
+  EXPECT_EQ(c->stats().rdma_fallbacks, 1u);
+  EXPECT_EQ(c->stats().bytes_recv_srcavail, 0u);
+  // The rest came by Data, or into a SinkAvail of this side.
+  EXPECT_EQ(c->stats().bytes_recv_bcopy + c->stats().bytes_recv_sinkavail, kBig);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink's registration is revoked while its SinkAvail is outstanding:
+// the source's RDMA write is refused, it voids the SinkAvail by sending the
+// bytes as Data, and the sink receives them in the same place, byte-exact.
+TEST_P(SdpCancelTest, RevokedSinkFallsBackToBcopy) {
+  if (RefusalEndsConnection(GetParam().config)) {
+    GTEST_SKIP() << "a refused RDMA access ends an ofi connection: no fallback to test";
+  }
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    char one;
+    CHILD_CHECK(read(go[0], &one, 1) == 1);
+    CHILD_CHECK(WaitFor(s.engine.get(), [&] { return s.conn->stats().sinkavail_received >= 1; }));
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 28);
+    std::string err = SendAll(s.conn.get(), buf, 0);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_CHECK(s.conn->stats().rdma_fallbacks >= 1);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  std::thread revoker([&] {
+    WaitFor(engine_.get(), [&] { return c->stats().sinkavail_sent >= 1; });
+    absl::SleepFor(absl::Milliseconds(50));  // the SinkAvail is registered by now
+    engine_->fabric()->rcache().Invalidate(buf.data(), buf.size());
+    char one = 1;
+    EXPECT_EQ(write(go[1], &one, 1), 1);
+  });
+  auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
+  revoker.join();
+  close(go[0]);
+  close(go[1]);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kBig);
+  EXPECT_EQ(CheckStream(buf.data(), 0, kBig, 28, &scratch), -1);
+  EXPECT_GE(c->stats().sinkavail_void, 1u);  // later SinkAvails may race the Data too
   auto eof = c->Recv(buf.data(), 1, 0, Deadline());
   ASSERT_TRUE(eof.ok()) << eof.status();
   EXPECT_EQ(*eof, 0u);

@@ -884,6 +884,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             ZS_LOG(kInfo, "sdp: RDMA write into SinkAvail %u failed (%s); sending by bcopy", sid,
                    st.ToString().c_str());
             bool cancel = c->sink_in.cancel_requested;
+            c->stats.rdma_fallbacks++;
             c->sink_in.valid = false;
             size_t a = c->AppendData(q, std::min(rem, c->tx_size - wire::kHeaderSize));
             if (cancel) {
@@ -1095,6 +1096,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           // The source sends the rest by BCopy (RdmaRdCompl + SendSmall).
           ZS_LOG(kInfo, "sdp: RDMA read of SrcAvail %u failed (%s); asking for bcopy", advert,
                  st.ToString().c_str());
+          c->stats.rdma_fallbacks++;
           uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : wire::kFlagSendSmall;
           c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl}, wire::Completed{advert, 0}});
           c->rxq.erase(c->rxq.begin() + idx);

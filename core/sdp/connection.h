@@ -91,6 +91,7 @@ struct ConnectionStats {
   uint64_t sinkavail_void = 0;         // SinkAvails overtaken by data
   uint64_t sinkavail_received = 0;     // peer's SinkAvails seen (source side)
   uint64_t cancels_received = 0;       // SrcAvailCancel + SinkAvailCancel seen
+  uint64_t rdma_fallbacks = 0;         // refused RDMA read/write, finished by bcopy
 };
 
 class Connection {
