@@ -74,6 +74,8 @@ struct ConnState {
   Phase phase = Phase::kHandshake;
   absl::Status error;
   bool local_abort = false;
+  bool ep_closed = false;       // the provider endpoint is closed
+  bool close_when_idle = false; // close it once the AbortConn has left
   bool shut_wr = false;       // DisconnReq queued
   uint32_t shut_mseq = 0;     // mseq of our DisconnReq once posted
   bool shut_rd = false;
@@ -174,6 +176,10 @@ struct ConnState {
   void QueueShutdownWr();
   void DropReceived();
   bool PostAbort(uint32_t reason);
+  // Closes the provider endpoint (once); after a local abort this is what
+  // tells a peer that is not reading our AbortConn (docs/protocol.md).
+  void CloseEndpoint();
+  void CloseEndpointWhenIdle();
   uint8_t* SlotPtr(int slot) const { return tx.base + static_cast<size_t>(slot) * tx_size; }
 
  private:

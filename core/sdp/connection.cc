@@ -166,6 +166,20 @@ bool ConnState::PostAbort(uint32_t reason) {
   return PostItem(item);
 }
 
+void ConnState::CloseEndpoint() {
+  if (ep_closed) return;
+  ep_closed = true;
+  ep->Close();
+}
+
+void ConnState::CloseEndpointWhenIdle() {
+  if (tx_inflight == 0) {
+    CloseEndpoint();
+  } else {
+    close_when_idle = true;
+  }
+}
+
 void ConnState::ProtocolError(absl::Status why) {
   if (!error.ok()) return;
   ZS_LOG(kError, "sdp connection to %s aborted: %s", peer_address.c_str(),
@@ -175,11 +189,15 @@ void ConnState::ProtocolError(absl::Status why) {
   Fail(MakeError(absl::StatusCode::kAborted, EPROTO,
                  absl::StrCat("connection aborted: ", why.message()),
                  "the peer sent a malformed or unexpected message; reconnect"));
+  // A reset connection is dead: release the endpoint once the AbortConn has
+  // left, so a peer that does not read it still sees the connection end.
+  CloseEndpointWhenIdle();
 }
 
 // ---------------------------------------------------------------- receive
 
 void ConnState::PostRx(int buf) {
+  if (ep_closed) return;
   uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
   auto st = ep->PostRecv(p, rx_size, rx.mr.get(), MakeCtx(id, kCtxRx, buf));
   if (!st.ok()) {
@@ -224,6 +242,7 @@ void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
     case kCtxTx:
       tx_free.push_back(static_cast<int>(index));
       tx_inflight--;
+      if (close_when_idle && tx_inflight == 0) CloseEndpoint();
       if (!c.status.ok() && phase != Phase::kClosed) {
         Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", c.status.message())));
       }
@@ -1067,6 +1086,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           }
         }
         uint32_t advert = s.advert;
+        if (st.ok() && c->ep_closed) st = c->error;
         if (st.ok()) {
           s.reading = true;
           c->read_status = absl::OkStatus();
@@ -1242,6 +1262,7 @@ void Connection::Abort() {
                         "open a new connection"));
       engine_->WaitLocked([&] { return c->tx_inflight == 0; },
                           absl::Now() + absl::Seconds(1));
+      c->CloseEndpoint();
     }
     engine_->NoteReadinessLocked(c);
   }
@@ -1276,7 +1297,7 @@ absl::Status Connection::Close() {
     engine_->WaitLocked([&] { return c->reads_out == 0 && c->writes_out == 0; },
                         absl::Now() + absl::Seconds(5));
     c->phase = ConnState::Phase::kClosed;
-    c->ep->Close();
+    c->CloseEndpoint();
     engine_->RemoveLocked(c->id);
     state_ = nullptr;
   }

@@ -60,7 +60,7 @@ Engine::~Engine() {
     if (!conns_.empty()) {
       ZS_LOG(kWarn, "sdp engine destroyed with %d connections open; closing them",
              static_cast<int>(conns_.size()));
-      for (auto& [id, c] : conns_) c->ep->Close();
+      for (auto& [id, c] : conns_) c->CloseEndpoint();
       conns_.clear();
     }
   }
@@ -257,7 +257,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Engine::Start(std::unique_ptr<Endpoi
     }
     if (!st.ok()) {
       c->phase = ConnState::Phase::kClosed;
-      c->ep->Close();
+      c->CloseEndpoint();
       RemoveLocked(c->id);
       return st;
     }
