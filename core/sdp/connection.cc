@@ -152,6 +152,12 @@ void ConnState::Fail(absl::Status why) {
   // Operations that wait for the peer finish now.
   if (src.active) src.finished = true;
   if (sink.active) sink.resolved = true;
+  // Release the endpoint (once what is in flight, e.g. an AbortConn, has
+  // left): a peer whose provider has not noticed the failure then sees the
+  // connection end instead of waiting on it forever. Everything the peer
+  // sent before a receive failed has been delivered by then (provider
+  // contract), and nothing more is wanted from a reset connection.
+  CloseEndpointWhenIdle();
   engine->NotifyLocked();
 }
 
