@@ -37,6 +37,13 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
        "ZSOCK_MEMHOOKS at start-up only)"},
       {"connect_timeout_ms", ConfigType::kInt, "10000",
        "default connect/accept handshake timeout (ms)", {}, 1, 3600000},
+      {"mode", ConfigType::kEnum, "bcopy",
+       "SDP data path: bcopy (copy through private buffers) or zcopy (SrcAvail/"
+       "SinkAvail with RDMA at and above zcopy_threshold)",
+       {"bcopy", "zcopy"}},
+      {"zcopy_threshold", ConfigType::kSize, "128K",
+       "SDP: smallest send (and receive buffer) that goes zero-copy in zcopy mode", {}, 1024,
+       int64_t{1} << 30},
       {"unet_ring_entries", ConfigType::kInt, "256",
        "unet: descriptors per receive ring (power of two)", {}, 8, 65536},
       {"unet_buffer_size", ConfigType::kSize, "32K",

@@ -1,0 +1,197 @@
+// Internal: the state of one SDP connection. Every field is guarded by the
+// owning Engine's mutex; the functions in connection.cc run with it held.
+#ifndef ZSOCK_CORE_SDP_CONN_STATE_H_
+#define ZSOCK_CORE_SDP_CONN_STATE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/provider.h"
+#include "core/sdp/connection.h"
+#include "core/sdp/wire.h"
+
+namespace zsock::sdp {
+
+// Credits Data may not use: kept for control messages (docs/protocol.md).
+inline constexpr int kCreditReserve = 2;
+// Send slots kept free for control messages.
+inline constexpr size_t kCtlSlots = 8;
+// Largest single SrcAvail/SinkAvail (the wire length field is 32 bits).
+inline constexpr size_t kMaxAdvert = size_t{1} << 30;
+
+// Completion context: conn id << 24 | kind << 20 | index.
+enum CtxKind : uint64_t { kCtxRx = 1, kCtxTx = 2, kCtxHello = 3, kCtxRead = 4, kCtxWrite = 5 };
+inline uint64_t MakeCtx(uint64_t id, CtxKind kind, uint64_t index) {
+  return (id << 24) | (static_cast<uint64_t>(kind) << 20) | (index & 0xfffff);
+}
+
+// A block of memory for private buffers, registered when the fabric needs it.
+struct Region {
+  uint8_t* base = nullptr;
+  size_t len = 0;
+  std::unique_ptr<MemoryRegion> mr;
+  ~Region();
+  absl::Status Allocate(Fabric* fabric, size_t bytes);
+};
+
+// One piece of the receive stream.
+struct RxSeg {
+  enum Kind { kData, kSrcAvail } kind = kData;
+  int buf = -1;               // kData: receive buffer index
+  const uint8_t* data = nullptr;  // kData: payload
+  size_t off = 0;             // bytes consumed
+  size_t len = 0;             // bytes in the segment
+  // kSrcAvail
+  uint32_t advert = 0;
+  uint64_t addr = 0;
+  RemoteKey key;
+  bool reading = false;
+  bool cancel_requested = false;
+};
+
+// A message waiting to be posted.
+struct TxItem {
+  wire::MessageId mid = wire::MessageId::kData;
+  int slot = -1;           // Data: send slot holding the payload at offset 16
+  size_t payload = 0;      // Data payload bytes
+  std::string encoded;     // other messages: the whole encoded message
+};
+
+struct ConnState {
+  enum class Phase { kHandshake, kOpen, kClosed };
+
+  Engine* engine = nullptr;
+  uint64_t id = 0;
+  std::unique_ptr<Endpoint> ep;
+  ConnectionOptions opt;
+  bool active = false;
+  Phase phase = Phase::kHandshake;
+  absl::Status error;
+  bool local_abort = false;
+  bool ep_closed = false;       // the provider endpoint is closed
+  bool close_when_idle = false; // close it once the AbortConn has left
+  bool shut_wr = false;       // DisconnReq queued
+  uint32_t shut_mseq = 0;     // mseq of our DisconnReq once posted
+  bool shut_rd = false;
+  bool peer_shut_wr = false;  // DisconnReq received
+  bool peer_aborted = false;  // AbortConn received
+  std::string local_address, peer_address;
+  uint8_t my_caps = 0;
+
+  // Receive side.
+  Region rx;
+  size_t rx_size = 0;
+  int rx_count = 0;
+  std::vector<uint8_t> rx_posted_flag;
+  int rx_posted = 0;
+  std::map<uint32_t, std::pair<int, size_t>> rx_reorder;  // mseq -> (buf, len)
+  std::deque<RxSeg> rxq;
+  uint32_t rx_mseq = 0;       // last message processed
+  uint64_t rx_pos = 0;        // stream bytes received (docs/protocol.md)
+
+  // Credits.
+  uint32_t tx_mseq = 0;       // last message posted
+  uint32_t peer_ack = 0;      // last mseq_ack from the peer
+  uint16_t peer_bufs = 0;     // last bufs from the peer
+  int last_reported = 0;      // bufs in our last message
+  uint32_t recv_since_report = 0;
+  bool credit_update_pending = false;
+  bool stalled = false;
+
+  // Peer parameters (from Hello/HelloAck).
+  wire::Hello peer;
+
+  // Send side.
+  Region hello;               // the active side's Hello, before tx exists
+  Region tx;
+  size_t tx_size = 0;
+  std::vector<int> tx_free;
+  int tx_inflight = 0;
+  std::deque<TxItem> ctlq, dataq;
+  size_t queued_data_bytes = 0;
+  uint64_t tx_pos = 0;        // stream bytes committed
+  bool held = false;          // test hook
+
+  // ZCopy source: our SrcAvail.
+  struct Src {
+    bool active = false, posted = false, cancel_sent = false, finished = false;
+    bool send_small = false;
+    uint32_t id = 0, len = 0, done = 0;
+    std::shared_ptr<MemoryRegion> mr;
+  } src;
+  uint32_t last_src_advert = 0;   // sink: mseq of the last SrcAvail received
+  // ZCopy sink: our SinkAvail.
+  struct Sink {
+    bool active = false, posted = false, resolved = false, cancel_sent = false;
+    uint32_t id = 0, len = 0, written = 0;
+    std::shared_ptr<MemoryRegion> mr;
+  } sink;
+  std::deque<uint32_t> sink_acks_due;  // SinkAvailCancel sent, ack not yet seen
+  // Source: the peer's SinkAvail we may write into.
+  struct SinkIn {
+    bool valid = false, writing = false, cancel_requested = false;
+    uint32_t id = 0, len = 0;
+    uint64_t addr = 0;
+    RemoteKey key;
+  } sink_in;
+  uint32_t last_sink_advert = 0;  // source: mseq of the last SinkAvail received
+
+  int reads_out = 0;
+  absl::Status read_status;
+  int writes_out = 0;
+  absl::Status write_status;
+  bool send_busy = false, recv_busy = false;
+
+  ConnectionStats stats;
+  std::shared_ptr<std::function<void(uint32_t)>> callback;
+  uint32_t last_readiness = 0;
+
+  // ---- protocol (connection.cc), engine mutex held ----
+  absl::Status Init();
+  void OnCompletion(CtxKind kind, uint32_t index, Completion& c);
+  void Fail(absl::Status why);
+  void ProtocolError(absl::Status why);
+  void TryTransmit();
+  // How many credits a report now would add to the peer's view.
+  int Owed() const {
+    return Reportable() + static_cast<int>(recv_since_report) - last_reported;
+  }
+  // The `bufs` to report with mseq_ack = rx_mseq: buffers posted, plus those
+  // holding messages that completed ahead of their turn (they are past
+  // mseq_ack, so the peer subtracts them again).
+  int Reportable() const { return rx_posted + static_cast<int>(rx_reorder.size()); }
+  int Credits() const { return static_cast<int>(peer_bufs) - static_cast<int>(tx_mseq - peer_ack); }
+  uint32_t ReadinessNow() const;
+  bool CanAppend() const;
+  size_t AppendData(const uint8_t* p, size_t n);
+  void QueueCtl(const wire::Message& m);
+  void QueueData(const wire::Message& m);
+  void Repost(int buf);
+  void QueueShutdownWr();
+  void DropReceived();
+  bool PostAbort(uint32_t reason);
+  // Closes the provider endpoint (once); after a local abort this is what
+  // tells a peer that is not reading our AbortConn (docs/protocol.md).
+  void CloseEndpoint();
+  void CloseEndpointWhenIdle();
+  uint8_t* SlotPtr(int slot) const { return tx.base + static_cast<size_t>(slot) * tx_size; }
+
+ private:
+  void PostRx(int buf);
+  void OnRx(int buf, size_t len);
+  void Process(int buf, size_t len);
+  bool PostItem(TxItem& item);
+  absl::Status SetUpTx();
+  void HandleHello(const wire::Message& m);
+  void VoidSinkAvail();
+};
+
+}  // namespace zsock::sdp
+
+#endif  // ZSOCK_CORE_SDP_CONN_STATE_H_

@@ -1,0 +1,1431 @@
+// The SDP connection protocol (docs/protocol.md): handshake, credits,
+// BCopy with coalescing, ZCopy by SrcAvail/RDMA read and SinkAvail/RDMA
+// write, cancels, half-close and abort. Everything here runs with the
+// engine's mutex held; blocking waits go through Engine::WaitLocked, which
+// releases it.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/mutex.h"
+#include "core/rcache.h"
+#include "core/sdp/conn_state.h"
+#include "core/sdp/engine.h"
+#include "core/status.h"
+
+namespace zsock::sdp {
+
+using wire::MessageId;
+
+// ---------------------------------------------------------------- options
+
+ConnectionOptions ConnectionOptions::FromConfig() {
+  ConnectionOptions o;
+  const auto& config = Config::Global();
+  if (config.ok()) {
+    o.mode = config->GetString("mode") == "zcopy" ? Mode::kZcopy : Mode::kBcopy;
+    o.zcopy_threshold = static_cast<size_t>(config->GetInt("zcopy_threshold"));
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------- Region
+
+Region::~Region() {
+  mr.reset();
+  if (base != nullptr) ::munmap(base, len);
+}
+
+absl::Status Region::Allocate(Fabric* fabric, size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoError(errno, absl::StrCat("cannot map ", bytes, " bytes of SDP private buffers"),
+                      "lower the connection's rcvbuf/sndbuf/buf_size");
+  }
+  base = static_cast<uint8_t*>(p);
+  len = bytes;
+  if (fabric->caps().registration_required) {
+    auto r = fabric->RegisterMemory(base, len, kLocalRead | kLocalWrite);
+    if (!r.ok()) return r.status();
+    mr = std::move(*r);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- errors
+
+namespace {
+
+absl::Status ResetError(absl::string_view what) {
+  return MakeError(absl::StatusCode::kAborted, ECONNRESET, what,
+                   "the peer reset the connection, closed it or died; reconnect");
+}
+
+absl::Status PipeError() {
+  return MakeError(absl::StatusCode::kFailedPrecondition, EPIPE,
+                   "send after the connection was shut down for writing",
+                   "do not send after Shutdown(SHUT_WR) or Close()");
+}
+
+absl::Status WouldBlock() {
+  return MakeError(absl::StatusCode::kUnavailable, EAGAIN, "the operation would block",
+                   "wait for readiness or call without MSG_DONTWAIT");
+}
+
+absl::Status TimedOut() {
+  return MakeError(absl::StatusCode::kDeadlineExceeded, EAGAIN,
+                   "the deadline passed before any byte moved",
+                   "give a later deadline or wait for readiness");
+}
+
+absl::Status Violation(const wire::Header& h, absl::string_view why) {
+  return MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
+                   absl::StrCat("SDP ", wire::MessageName(h.mid), " (mseq ", h.mseq, ") ", why),
+                   "the peer violates docs/protocol.md (version 1); the connection is aborted");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- setup
+
+absl::Status ConnState::Init() {
+  rx_size = std::clamp<size_t>(opt.buf_size, wire::kMinBufSize, wire::kMaxBufSize);
+  rx_count = static_cast<int>(std::clamp<size_t>(opt.rcvbuf / rx_size, wire::kMinBufs + 2,
+                                                 wire::kMaxBufs));
+  if (auto st = rx.Allocate(ep->fabric(), rx_size * rx_count); !st.ok()) return st;
+  rx_posted_flag.assign(rx_count, 0);
+  const EndpointInfo& info = ep->info();
+  local_address = info.local_address;
+  peer_address = info.peer_address;
+  if (info.rdma_read != Support::kNone) my_caps |= wire::kCapRdmaRead;
+  if (info.rdma_write != Support::kNone) my_caps |= wire::kCapRdmaWrite;
+  for (int i = 0; i < rx_count; ++i) {
+    PostRx(i);
+    if (!error.ok()) return error;
+  }
+  if (active) {
+    // The Hello goes before the peer's buffer size is known: from its own
+    // small region, on the implicit first credit (docs/protocol.md).
+    if (auto st = hello.Allocate(ep->fabric(), 4096); !st.ok()) return st;
+    wire::Message m;
+    m.header.mid = MessageId::kHello;
+    m.header.bufs = static_cast<uint16_t>(rx_posted);
+    m.header.mseq = ++tx_mseq;
+    wire::Hello h;
+    h.caps = my_caps;
+    h.buf_size = static_cast<uint32_t>(rx_size);
+    h.max_bufs = static_cast<uint16_t>(rx_count);
+    h.mode = opt.mode;
+    m.body = h;
+    size_t n = wire::Encode(m, std::span<uint8_t>(hello.base, hello.len));
+    last_reported = rx_posted;
+    auto st = ep->Send(hello.base, n, hello.mr.get(), MakeCtx(id, kCtxHello, 0));
+    if (!st.ok()) return st;
+    tx_inflight++;
+    stats.messages_sent++;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConnState::SetUpTx() {
+  tx_size = std::min<size_t>(peer.buf_size, size_t{1} << 20);
+  size_t data_slots = std::clamp<size_t>(opt.sndbuf / tx_size, 4, 1024);
+  size_t count = data_slots + kCtlSlots;
+  if (auto st = tx.Allocate(ep->fabric(), tx_size * count); !st.ok()) return st;
+  for (size_t i = count; i-- > 0;) tx_free.push_back(static_cast<int>(i));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- failure
+
+void ConnState::Fail(absl::Status why) {
+  if (!error.ok()) return;
+  error = std::move(why);
+  ZS_LOG(kInfo, "sdp connection %d to %s failed: %s", static_cast<int>(id), peer_address.c_str(),
+         error.ToString().c_str());
+  // Operations that wait for the peer finish now.
+  if (src.active) src.finished = true;
+  if (sink.active) sink.resolved = true;
+  // Release the endpoint (once what is in flight, e.g. an AbortConn, has
+  // left): a peer whose provider has not noticed the failure then sees the
+  // connection end instead of waiting on it forever. Everything the peer
+  // sent before a receive failed has been delivered by then (provider
+  // contract), and nothing more is wanted from a reset connection.
+  CloseEndpointWhenIdle();
+  engine->NotifyLocked();
+}
+
+bool ConnState::PostAbort(uint32_t reason) {
+  if (tx.base == nullptr || tx_free.empty() || Credits() < 1) return false;
+  wire::Message m;
+  m.header.mid = MessageId::kAbortConn;
+  m.body = wire::Abort{reason};
+  TxItem item;
+  item.mid = MessageId::kAbortConn;
+  item.encoded = wire::EncodeToString(m);
+  return PostItem(item);
+}
+
+void ConnState::CloseEndpoint() {
+  if (ep_closed) return;
+  ep_closed = true;
+  ep->Close();
+}
+
+void ConnState::CloseEndpointWhenIdle() {
+  if (tx_inflight == 0) {
+    CloseEndpoint();
+  } else {
+    close_when_idle = true;
+  }
+}
+
+void ConnState::ProtocolError(absl::Status why) {
+  if (!error.ok()) return;
+  ZS_LOG(kError, "sdp connection to %s aborted: %s", peer_address.c_str(),
+         why.ToString().c_str());
+  engine->stats_.protocol_aborts++;
+  PostAbort(EPROTO);
+  Fail(MakeError(absl::StatusCode::kAborted, EPROTO,
+                 absl::StrCat("connection aborted: ", why.message()),
+                 "the peer sent a malformed or unexpected message; reconnect"));
+  // A reset connection is dead: release the endpoint once the AbortConn has
+  // left, so a peer that does not read it still sees the connection end.
+  CloseEndpointWhenIdle();
+}
+
+// ---------------------------------------------------------------- receive
+
+void ConnState::PostRx(int buf) {
+  if (ep_closed) return;
+  uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
+  auto st = ep->PostRecv(p, rx_size, rx.mr.get(), MakeCtx(id, kCtxRx, buf));
+  if (!st.ok()) {
+    if (peer_shut_wr) return;  // the peer is done; nothing more to receive
+    Fail(ResetError(absl::StrCat("posting a receive buffer failed: ", st.message())));
+    return;
+  }
+  rx_posted_flag[buf] = 1;
+  rx_posted++;
+}
+
+void ConnState::Repost(int buf) {
+  if (phase == Phase::kClosed || !error.ok()) return;
+  PostRx(buf);
+  int owed = Owed();
+  int peer_est = last_reported - static_cast<int>(recv_since_report);
+  if (owed > 0 && (peer_est <= kCreditReserve + 1 || owed >= rx_count / 2)) {
+    credit_update_pending = true;
+  }
+}
+
+void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
+  switch (kind) {
+    case kCtxRx: {
+      if (index >= static_cast<uint32_t>(rx_count) || !rx_posted_flag[index]) return;
+      rx_posted_flag[index] = 0;
+      rx_posted--;
+      if (!c.status.ok()) {
+        if (phase == Phase::kClosed) return;
+        if (c.status.code() == absl::StatusCode::kOutOfRange) {
+          wire::Header h;
+          ProtocolError(Violation(h, "is longer than the private receive buffer"));
+        } else {
+          Fail(ResetError(absl::StrCat("connection to ", peer_address, " lost: ",
+                                       c.status.message())));
+        }
+        return;
+      }
+      OnRx(static_cast<int>(index), c.length);
+      break;
+    }
+    case kCtxTx:
+      tx_free.push_back(static_cast<int>(index));
+      tx_inflight--;
+      if (close_when_idle && tx_inflight == 0) CloseEndpoint();
+      if (!c.status.ok() && phase != Phase::kClosed) {
+        Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", c.status.message())));
+      }
+      break;
+    case kCtxHello:
+      tx_inflight--;
+      if (!c.status.ok()) Fail(ResetError(absl::StrCat("Hello failed: ", c.status.message())));
+      break;
+    case kCtxRead:
+      reads_out--;
+      if (!c.status.ok() && read_status.ok()) read_status = c.status;
+      break;
+    case kCtxWrite:
+      writes_out--;
+      if (!c.status.ok() && write_status.ok()) write_status = c.status;
+      break;
+  }
+  TryTransmit();
+}
+
+void ConnState::OnRx(int buf, size_t len) {
+  if (!error.ok()) return;
+  const uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
+  if (len < wire::kHeaderSize) {
+    ProtocolError(MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
+                            absl::StrCat("SDP message of ", len, " bytes is shorter than the "
+                                         "16-byte base header"),
+                            "the peer violates docs/protocol.md; the connection is aborted"));
+    return;
+  }
+  uint32_t mseq;
+  std::memcpy(&mseq, p + 8, 4);
+  uint32_t ahead = mseq - rx_mseq;
+  if (ahead == 0 || ahead > static_cast<uint32_t>(rx_count) || rx_reorder.count(mseq)) {
+    wire::Header h;
+    h.mid = static_cast<MessageId>(p[0]);
+    h.mseq = mseq;
+    ProtocolError(Violation(h, absl::StrCat("is out of sequence (expected ", rx_mseq + 1, ")")));
+    return;
+  }
+  // Providers may complete receives out of order: process by mseq.
+  rx_reorder[mseq] = {buf, len};
+  while (error.ok()) {
+    auto it = rx_reorder.find(rx_mseq + 1);
+    if (it == rx_reorder.end()) break;
+    auto [b, l] = it->second;
+    rx_reorder.erase(it);
+    Process(b, l);
+  }
+}
+
+void ConnState::VoidSinkAvail() {
+  if (!sink.active || sink.resolved) return;
+  if (!sink.posted) {
+    // Still queued here: withdraw it.
+    for (auto it = ctlq.begin(); it != ctlq.end(); ++it) {
+      if (it->mid == MessageId::kSinkAvail) {
+        ctlq.erase(it);
+        break;
+      }
+    }
+  }
+  sink.resolved = true;
+  sink.written = 0;
+  stats.sinkavail_void++;
+}
+
+void ConnState::Process(int buf, size_t len) {
+  const uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
+  auto decoded = wire::Decode(std::span<const uint8_t>(p, len), wire::Limits{rx_size});
+  if (!decoded.ok()) {
+    ProtocolError(decoded.status());
+    return;
+  }
+  wire::Message& m = *decoded;
+  const wire::Header& h = m.header;
+  rx_mseq = h.mseq;
+  stats.messages_received++;
+  recv_since_report++;
+  bool hello = h.mid == MessageId::kHello || h.mid == MessageId::kHelloAck;
+  if (hello) {
+    HandleHello(m);
+    if (!error.ok()) return;
+  } else if (phase != Phase::kOpen) {
+    ProtocolError(Violation(h, "arrived before the Hello exchange finished"));
+    return;
+  }
+  // Credits (docs/protocol.md): bufs is absolute, relative to mseq_ack.
+  if (static_cast<int32_t>(h.mseq_ack - peer_ack) < 0 ||
+      static_cast<int32_t>(tx_mseq - h.mseq_ack) < 0) {
+    ProtocolError(Violation(h, absl::StrCat("acknowledges mseq ", h.mseq_ack,
+                                            " outside [", peer_ack, ", ", tx_mseq, "]")));
+    return;
+  }
+  if (h.bufs > peer.max_bufs) {
+    ProtocolError(Violation(h, absl::StrCat("grants ", h.bufs, " buffers; the peer announced at "
+                                            "most ", peer.max_bufs)));
+    return;
+  }
+  if (static_cast<int>(h.bufs) < static_cast<int>(tx_mseq - h.mseq_ack)) {
+    ProtocolError(Violation(h, absl::StrCat("grants ", h.bufs, " buffers while ",
+                                            tx_mseq - h.mseq_ack, " messages are unacknowledged "
+                                            "(negative credit)")));
+    return;
+  }
+  peer_ack = h.mseq_ack;
+  peer_bufs = h.bufs;
+  if (Credits() > kCreditReserve) stalled = false;
+
+  bool repost = true;
+  switch (h.mid) {
+    case MessageId::kHello:
+    case MessageId::kHelloAck:
+      break;
+    case MessageId::kData: {
+      if (m.payload.empty()) break;  // credit update
+      if (peer_shut_wr) {
+        ProtocolError(Violation(h, "carries data after DisconnReq"));
+        return;
+      }
+      VoidSinkAvail();
+      rx_pos += m.payload.size();
+      if (shut_rd) break;  // discarded
+      RxSeg s;
+      s.kind = RxSeg::kData;
+      s.buf = buf;
+      s.data = m.payload.data();
+      s.len = m.payload.size();
+      rxq.push_back(s);
+      repost = false;
+      break;
+    }
+    case MessageId::kSrcAvail: {
+      auto& a = std::get<wire::Advert>(m.body);
+      if (h.flags != 0 || a.az_slot != wire::kNoSlot) {
+        ProtocolError(Violation(h, "uses AZ-SDP fields, which were not negotiated"));
+        return;
+      }
+      if (!(my_caps & wire::kCapRdmaRead)) {
+        ProtocolError(Violation(h, "arrived although this side did not offer RDMA read"));
+        return;
+      }
+      if (peer_shut_wr) {
+        ProtocolError(Violation(h, "arrived after DisconnReq"));
+        return;
+      }
+      for (const RxSeg& s : rxq) {
+        if (s.kind == RxSeg::kSrcAvail) {
+          ProtocolError(Violation(h, "exceeds the one outstanding SrcAvail version 1 allows"));
+          return;
+        }
+      }
+      if (a.stream_pos != rx_pos) {
+        ProtocolError(Violation(h, absl::StrCat("claims stream position ", a.stream_pos,
+                                                "; this side received ", rx_pos)));
+        return;
+      }
+      VoidSinkAvail();
+      last_src_advert = h.mseq;
+      if (shut_rd) {
+        QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
+                               wire::Completed{h.mseq, 0}});
+        break;
+      }
+      RxSeg s;
+      s.kind = RxSeg::kSrcAvail;
+      s.len = a.length;
+      s.advert = h.mseq;
+      s.addr = a.addr;
+      s.key = std::move(a.key);
+      rxq.push_back(std::move(s));
+      break;
+    }
+    case MessageId::kSinkAvail: {
+      auto& a = std::get<wire::Advert>(m.body);
+      if (a.az_slot != wire::kNoSlot) {
+        ProtocolError(Violation(h, "uses AZ-SDP fields, which were not negotiated"));
+        return;
+      }
+      if (!(my_caps & wire::kCapRdmaWrite)) {
+        ProtocolError(Violation(h, "arrived although this side did not offer RDMA write"));
+        return;
+      }
+      if (sink_in.valid) {
+        ProtocolError(Violation(h, "arrived while the previous SinkAvail is unresolved"));
+        return;
+      }
+      last_sink_advert = h.mseq;
+      stats.sinkavail_received++;
+      // Valid only if nothing this side sent is still on its way to the sink
+      // and no SrcAvail is outstanding; otherwise void (the sink sees data
+      // first and knows).
+      if (a.stream_pos == tx_pos && !(src.active && !src.finished) && !shut_wr) {
+        sink_in.valid = true;
+        sink_in.writing = false;
+        sink_in.cancel_requested = false;
+        sink_in.id = h.mseq;
+        sink_in.len = a.length;
+        sink_in.addr = a.addr;
+        sink_in.key = std::move(a.key);
+      } else if (a.stream_pos > tx_pos) {
+        ProtocolError(Violation(h, absl::StrCat("claims stream position ", a.stream_pos,
+                                                " beyond the ", tx_pos, " bytes sent")));
+        return;
+      }
+      break;
+    }
+    case MessageId::kRdmaRdCompl: {
+      auto c = std::get<wire::Completed>(m.body);
+      if (!src.active || !src.posted || src.finished || c.advert != src.id) {
+        ProtocolError(Violation(h, absl::StrCat("names SrcAvail ", c.advert,
+                                                ", which is not outstanding")));
+        return;
+      }
+      if (c.bytes > src.len - src.done) {
+        ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes; only ",
+                                                src.len - src.done, " remain")));
+        return;
+      }
+      if ((h.flags & wire::kFlagCancelReply) && !src.cancel_sent) {
+        ProtocolError(Violation(h, "answers a cancel that was never sent"));
+        return;
+      }
+      src.done += c.bytes;
+      tx_pos += c.bytes;  // here, not in Send: a SinkAvail may follow at once
+      if (h.flags & wire::kFlagSendSmall) src.send_small = true;
+      if (src.cancel_sent) {
+        if (h.flags & wire::kFlagCancelReply) src.finished = true;
+      } else if (src.done == src.len || src.send_small) {
+        src.finished = true;
+      }
+      break;
+    }
+    case MessageId::kRdmaWrCompl: {
+      auto c = std::get<wire::Completed>(m.body);
+      if (!sink.active || !sink.posted || sink.resolved || c.advert != sink.id) {
+        ProtocolError(Violation(h, absl::StrCat("names SinkAvail ", c.advert,
+                                                ", which is not outstanding")));
+        return;
+      }
+      if (c.bytes > sink.len) {
+        ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes written into a ",
+                                                sink.len, "-byte SinkAvail")));
+        return;
+      }
+      sink.written = c.bytes;
+      sink.resolved = true;
+      rx_pos += c.bytes;
+      break;
+    }
+    case MessageId::kSrcAvailCancel: {
+      auto r = std::get<wire::AdvertRef>(m.body);
+      stats.cancels_received++;
+      if (r.advert != last_src_advert) {
+        ProtocolError(Violation(h, absl::StrCat("cancels SrcAvail ", r.advert,
+                                                ", not the last one received")));
+        return;
+      }
+      bool deferred = false;
+      for (auto it = rxq.begin(); it != rxq.end(); ++it) {
+        if (it->kind == RxSeg::kSrcAvail && it->advert == r.advert) {
+          if (it->reading) {
+            it->cancel_requested = true;  // Recv answers after its read
+            deferred = true;
+          } else {
+            rxq.erase(it);
+          }
+          break;
+        }
+      }
+      if (!deferred) {
+        QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagCancelReply},
+                               wire::Completed{r.advert, 0}});
+      }
+      break;
+    }
+    case MessageId::kSinkAvailCancel: {
+      auto r = std::get<wire::AdvertRef>(m.body);
+      stats.cancels_received++;
+      if (r.advert != last_sink_advert) {
+        ProtocolError(Violation(h, absl::StrCat("cancels SinkAvail ", r.advert,
+                                                ", not the last one received")));
+        return;
+      }
+      if (sink_in.valid && sink_in.id == r.advert && sink_in.writing) {
+        sink_in.cancel_requested = true;  // Send acks after its RdmaWrCompl
+      } else {
+        if (sink_in.valid && sink_in.id == r.advert) sink_in.valid = false;
+        QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{r.advert}});
+      }
+      break;
+    }
+    case MessageId::kSinkCancelAck: {
+      auto r = std::get<wire::AdvertRef>(m.body);
+      if (sink_acks_due.empty() || sink_acks_due.front() != r.advert) {
+        ProtocolError(Violation(h, absl::StrCat("acknowledges SinkAvail ", r.advert,
+                                                ", which was not cancelled")));
+        return;
+      }
+      sink_acks_due.pop_front();
+      if (sink.active && sink.id == r.advert && !sink.resolved) {
+        sink.resolved = true;
+        sink.written = 0;
+      }
+      break;
+    }
+    case MessageId::kModeChange:
+      peer.mode = std::get<wire::ModeChange>(m.body).mode;
+      break;
+    case MessageId::kDisconnReq:
+      if (peer_shut_wr) {
+        ProtocolError(Violation(h, "repeats DisconnReq"));
+        return;
+      }
+      peer_shut_wr = true;
+      VoidSinkAvail();
+      credit_update_pending = true;  // acknowledges it at once (Close waits for that)
+      break;
+    case MessageId::kAbortConn: {
+      uint32_t reason = std::get<wire::Abort>(m.body).reason;
+      peer_aborted = true;
+      Fail(ResetError(absl::StrCat("connection reset by the peer (AbortConn",
+                                   reason ? absl::StrCat(", reason errno ", reason) : "", ")")));
+      return;
+    }
+    default:
+      ProtocolError(Violation(h, "is not handled by this version"));
+      return;
+  }
+  if (repost) Repost(buf);
+  engine->NotifyLocked();
+}
+
+void ConnState::HandleHello(const wire::Message& m) {
+  const wire::Header& h = m.header;
+  bool expected = phase == Phase::kHandshake &&
+                  (active ? h.mid == MessageId::kHelloAck : h.mid == MessageId::kHello);
+  if (!expected) {
+    ProtocolError(Violation(h, "is unexpected at this point of the connection"));
+    return;
+  }
+  peer = std::get<wire::Hello>(m.body);
+  if (auto st = SetUpTx(); !st.ok()) {
+    Fail(st);
+    return;
+  }
+  phase = Phase::kOpen;
+  if (!active) {
+    wire::Hello ack;
+    ack.caps = my_caps;
+    ack.buf_size = static_cast<uint32_t>(rx_size);
+    ack.max_bufs = static_cast<uint16_t>(rx_count);
+    ack.mode = opt.mode;
+    // The Hello's buffer is reposted after this message is built: count it.
+    QueueCtl(wire::Message{{MessageId::kHelloAck}, ack});
+  }
+}
+
+// ---------------------------------------------------------------- transmit
+
+void ConnState::QueueCtl(const wire::Message& m) {
+  TxItem item;
+  item.mid = m.header.mid;
+  item.encoded = wire::EncodeToString(m);
+  ctlq.push_back(std::move(item));
+}
+
+void ConnState::QueueData(const wire::Message& m) {
+  TxItem item;
+  item.mid = m.header.mid;
+  item.encoded = wire::EncodeToString(m);
+  dataq.push_back(std::move(item));
+}
+
+bool ConnState::PostItem(TxItem& item) {
+  int slot = item.slot;
+  if (slot < 0) {
+    if (tx_free.empty()) return false;
+    slot = tx_free.back();
+    tx_free.pop_back();
+  }
+  uint8_t* p = SlotPtr(slot);
+  size_t len;
+  uint8_t flags = 0;
+  if (item.mid == MessageId::kData) {
+    len = wire::kHeaderSize + item.payload;
+  } else {
+    std::memcpy(p, item.encoded.data(), item.encoded.size());
+    len = item.encoded.size();
+    flags = p[1];
+  }
+  wire::Header h;
+  h.mid = item.mid;
+  h.flags = flags;
+  h.bufs = static_cast<uint16_t>(Reportable());
+  h.len = static_cast<uint32_t>(len);
+  h.mseq = ++tx_mseq;
+  h.mseq_ack = rx_mseq;
+  wire::EncodeHeader(h, p);
+  if (item.mid == MessageId::kSrcAvail) {
+    src.id = h.mseq;
+    src.posted = true;
+  } else if (item.mid == MessageId::kSinkAvail) {
+    sink.id = h.mseq;
+    sink.posted = true;
+  } else if (item.mid == MessageId::kDisconnReq) {
+    shut_mseq = h.mseq;
+  }
+  auto st = ep->Send(p, len, tx.mr.get(), MakeCtx(id, kCtxTx, slot));
+  if (!st.ok()) {
+    tx_free.push_back(slot);
+    --tx_mseq;
+    Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", st.message())));
+    return false;
+  }
+  tx_inflight++;
+  last_reported = Reportable();
+  recv_since_report = 0;
+  credit_update_pending = false;
+  stats.messages_sent++;
+  if (item.mid == MessageId::kData) {
+    queued_data_bytes -= item.payload;
+    if (item.payload == 0) stats.credit_updates_sent++;
+  }
+  return true;
+}
+
+void ConnState::TryTransmit() {
+  if (phase != Phase::kOpen || !error.ok() || held) return;
+  for (;;) {
+    int credits = Credits();
+    int owed = Owed();
+    if (!ctlq.empty() || !dataq.empty()) {
+      bool from_ctl = !ctlq.empty();
+      TxItem& item = from_ctl ? ctlq.front() : dataq.front();
+      bool data = item.mid == MessageId::kData && item.payload > 0;
+      int need = data ? kCreditReserve + 1 : 1;
+      bool can = credits >= need && !(credits == 1 && owed <= 0) &&
+                 (item.slot >= 0 || !tx_free.empty());
+      if (can) {
+        if (opt.test_hold && !opt.test_hold(item.mid)) {
+          held = true;
+          return;
+        }
+        if (!PostItem(item)) return;
+        if (from_ctl) {
+          ctlq.pop_front();
+        } else {
+          dataq.pop_front();
+        }
+        engine->NotifyLocked();
+        continue;
+      }
+      if (data && credits < need && !stalled) {
+        stalled = true;
+        stats.credit_stalls++;
+      }
+    }
+    // The head cannot go (or nothing is queued): a credit update still may,
+    // so that two sides stalled on Data never deadlock (docs/protocol.md).
+    if (credit_update_pending && owed > 0 && credits >= 1 && !tx_free.empty()) {
+      TxItem upd;  // Data without payload
+      upd.mid = MessageId::kData;
+      if (!PostItem(upd)) return;
+      engine->NotifyLocked();
+      continue;
+    }
+    return;
+  }
+}
+
+bool ConnState::CanAppend() const {
+  if (!dataq.empty()) {
+    const TxItem& tail = dataq.back();
+    if (tail.mid == MessageId::kData && tail.slot >= 0 &&
+        tail.payload < tx_size - wire::kHeaderSize) {
+      return true;
+    }
+  }
+  return queued_data_bytes < opt.sndbuf && tx_free.size() > kCtlSlots;
+}
+
+size_t ConnState::AppendData(const uint8_t* p, size_t n) {
+  size_t total = 0;
+  bool coalesced = false;
+  while (n > 0) {
+    TxItem* tail = nullptr;
+    if (!dataq.empty() && dataq.back().mid == MessageId::kData && dataq.back().slot >= 0 &&
+        dataq.back().payload < tx_size - wire::kHeaderSize) {
+      tail = &dataq.back();
+      if (tail->payload > 0 && total == 0) coalesced = true;
+    } else {
+      if (queued_data_bytes >= opt.sndbuf || tx_free.size() <= kCtlSlots) break;
+      TxItem item;
+      item.mid = MessageId::kData;
+      item.slot = tx_free.back();
+      tx_free.pop_back();
+      dataq.push_back(std::move(item));
+      tail = &dataq.back();
+    }
+    size_t k = std::min(n, tx_size - wire::kHeaderSize - tail->payload);
+    std::memcpy(SlotPtr(tail->slot) + wire::kHeaderSize + tail->payload, p, k);
+    tail->payload += k;
+    queued_data_bytes += k;
+    p += k;
+    n -= k;
+    total += k;
+  }
+  if (total > 0) {
+    tx_pos += total;
+    stats.bytes_sent_bcopy += total;
+    if (coalesced) stats.coalesced_sends++;
+    if (sink_in.valid && !sink_in.writing) sink_in.valid = false;  // void by data
+  }
+  return total;
+}
+
+void ConnState::QueueShutdownWr() {
+  if (shut_wr) return;
+  shut_wr = true;
+  if (sink_in.valid && !sink_in.writing) sink_in.valid = false;
+  QueueData(wire::Message{{MessageId::kDisconnReq}, wire::Empty{}});
+  TryTransmit();
+}
+
+void ConnState::DropReceived() {
+  while (!rxq.empty() && !rxq.front().reading) {
+    RxSeg& s = rxq.front();
+    if (s.kind == RxSeg::kData) {
+      Repost(s.buf);
+    } else {
+      QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
+                             wire::Completed{s.advert, 0}});
+    }
+    rxq.pop_front();
+  }
+  TryTransmit();
+}
+
+uint32_t ConnState::ReadinessNow() const {
+  uint32_t r = 0;
+  if (!error.ok()) r |= kError | kReadable | kWritable | kHup;
+  if (!rxq.empty() || peer_shut_wr || shut_rd) r |= kReadable;
+  if (peer_shut_wr) r |= kRdHup;
+  if (phase == Phase::kOpen && !shut_wr && (CanAppend() || sink_in.valid)) r |= kWritable;
+  if (peer_shut_wr && shut_wr) r |= kHup;
+  return r;
+}
+
+// ---------------------------------------------------------------- Connection
+
+namespace {
+
+absl::Status Closed() {
+  return MakeError(absl::StatusCode::kFailedPrecondition, EBADF, "the connection is closed",
+                   "do not use a Connection after Close()");
+}
+
+// Walks an iovec array.
+struct IovCursor {
+  std::span<const iovec> iov;
+  size_t i = 0, off = 0;
+  explicit IovCursor(std::span<const iovec> v) : iov(v) { Skip(); }
+  void Skip() {
+    while (i < iov.size() && off >= iov[i].iov_len) {
+      ++i;
+      off = 0;
+    }
+  }
+  bool done() const { return i >= iov.size(); }
+  uint8_t* ptr() const { return static_cast<uint8_t*>(iov[i].iov_base) + off; }
+  size_t space() const { return iov[i].iov_len - off; }
+  void Advance(size_t n) {
+    off += n;
+    Skip();
+  }
+};
+
+}  // namespace
+
+Connection::~Connection() {
+  if (state_ != nullptr) (void)Close();
+}
+
+absl::StatusOr<size_t> Connection::Send(const void* buf, size_t len, int flags,
+                                        absl::Time deadline) {
+  iovec v{const_cast<void*>(buf), len};
+  return Send(std::span<const iovec>(&v, 1), flags, deadline);
+}
+
+absl::StatusOr<size_t> Connection::Recv(void* buf, size_t len, int flags, absl::Time deadline) {
+  iovec v{buf, len};
+  return Recv(std::span<const iovec>(&v, 1), flags, deadline);
+}
+
+absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
+                                        absl::Time deadline) {
+  if (state_ == nullptr) return Closed();
+  Engine* e = engine_;
+  absl::StatusOr<size_t> result;
+  {
+    MutexLock lock(&e->mu_);
+    ConnState* c = state_;
+    bool dontwait = flags & MSG_DONTWAIT;
+    if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? absl::Now() : deadline)) {
+      return dontwait ? WouldBlock() : TimedOut();
+    }
+    c->send_busy = true;
+    absl::Cleanup done = [&] {
+      c->send_busy = false;
+      e->NoteReadinessLocked(c);
+      e->NotifyLocked();
+    };
+    size_t total = 0;
+    auto partial = [&](absl::Status st) -> absl::StatusOr<size_t> {
+      if (total > 0) return total;
+      return st;
+    };
+    if (!c->error.ok()) return c->error;
+    if (c->shut_wr) return PipeError();
+    if (c->phase != ConnState::Phase::kOpen) return Closed();
+    const size_t threshold = std::max<size_t>(c->opt.zcopy_threshold, 1);
+    for (const iovec& v : iov) {
+      const uint8_t* p = static_cast<const uint8_t*>(v.iov_base);
+      size_t n = v.iov_len, off = 0, force_bcopy = 0;
+      while (off < n) {
+        if (!c->error.ok()) return partial(c->error);
+        const uint8_t* q = p + off;
+        size_t rem = n - off;
+        // A valid SinkAvail from the peer takes the next bytes.
+        if (c->sink_in.valid && !dontwait) {
+          size_t max_rma = c->ep->fabric()->caps().max_rma_size;
+          size_t k = std::min<size_t>(rem, c->sink_in.len);
+          if (max_rma > 0) k = std::min(k, max_rma);
+          std::shared_ptr<MemoryRegion> mr;
+          if (c->ep->fabric()->caps().registration_required) {
+            auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), k, kLocalRead);
+            if (!r.ok()) return partial(r.status());
+            mr = *r;
+          }
+          c->sink_in.writing = true;
+          c->write_status = absl::OkStatus();
+          auto st = c->ep->Write(q, k, mr.get(), c->sink_in.addr, c->sink_in.key,
+                                 MakeCtx(c->id, kCtxWrite, 0));
+          if (st.ok()) {
+            c->writes_out++;
+            e->WaitLocked([&] { return c->writes_out == 0; }, absl::InfiniteFuture());
+            st = c->write_status;
+          }
+          c->sink_in.writing = false;
+          uint32_t sid = c->sink_in.id;
+          if (!c->error.ok()) return partial(c->error);
+          if (!st.ok()) {
+            // The sink's registration went away (its memory was released or
+            // the key refused): void the SinkAvail by sending these bytes as
+            // Data, which the sink copies over whatever the failed write
+            // left in the same place (docs/protocol.md, "SinkAvail").
+            ZS_LOG(kInfo, "sdp: RDMA write into SinkAvail %u failed (%s); sending by bcopy", sid,
+                   st.ToString().c_str());
+            bool cancel = c->sink_in.cancel_requested;
+            c->stats.rdma_fallbacks++;
+            c->sink_in.valid = false;
+            size_t a = c->AppendData(q, std::min(rem, c->tx_size - wire::kHeaderSize));
+            if (cancel) {
+              c->QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{sid}});
+            }
+            off += a;
+            total += a;
+            c->TryTransmit();
+            continue;
+          }
+          c->QueueData(wire::Message{{MessageId::kRdmaWrCompl},
+                                     wire::Completed{sid, static_cast<uint32_t>(k)}});
+          if (c->sink_in.cancel_requested) {
+            c->QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{sid}});
+          }
+          c->sink_in.valid = false;
+          c->tx_pos += k;
+          c->stats.bytes_sent_sinkavail += k;
+          off += k;
+          total += k;
+          c->TryTransmit();
+          continue;
+        }
+        if (force_bcopy == 0 && c->opt.mode == Mode::kZcopy && rem >= threshold &&
+            (c->peer.caps & wire::kCapRdmaRead) && !dontwait) {
+          size_t L = std::min(rem, kMaxAdvert);
+          auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), L,
+                                                 kRemoteRead | kLocalRead);
+          if (r.ok()) {
+            wire::Advert a;
+            a.addr = reinterpret_cast<uint64_t>(q);
+            a.length = static_cast<uint32_t>(L);
+            a.stream_pos = c->tx_pos;
+            a.key = (*r)->remote_key();
+            a.key_bytes = a.key.Serialize();
+            c->src = ConnState::Src{};
+            c->src.active = true;
+            c->src.len = static_cast<uint32_t>(L);
+            c->src.mr = *r;
+            c->QueueData(wire::Message{{MessageId::kSrcAvail}, a});
+            c->stats.srcavail_sent++;
+            c->TryTransmit();
+            bool finished = e->WaitLocked([&] { return c->src.finished; }, deadline);
+            if (!finished && !c->src.posted) {
+              // Never left: withdraw it.
+              for (auto it = c->dataq.begin(); it != c->dataq.end(); ++it) {
+                if (it->mid == MessageId::kSrcAvail) {
+                  c->dataq.erase(it);
+                  break;
+                }
+              }
+              c->src = ConnState::Src{};
+              return partial(TimedOut());
+            }
+            if (!finished) {
+              c->src.cancel_sent = true;
+              c->stats.srcavail_cancels++;
+              c->QueueCtl(wire::Message{{MessageId::kSrcAvailCancel},
+                                        wire::AdvertRef{c->src.id}});
+              c->TryTransmit();
+              e->WaitLocked([&] { return c->src.finished; }, absl::InfiniteFuture());
+            }
+            size_t got = c->src.done;
+            bool small = c->src.send_small;
+            bool cancelled = c->src.cancel_sent;
+            c->src = ConnState::Src{};
+            c->stats.bytes_sent_srcavail += got;
+            off += got;
+            total += got;
+            if (!c->error.ok()) return partial(c->error);
+            if (cancelled && got < L) return partial(TimedOut());
+            if (small) {
+              c->stats.sendsmall++;
+              force_bcopy = L - got;
+            }
+            continue;
+          }
+          ZS_LOG(kDebug, "sdp: registration for zero-copy failed (%s); using bcopy",
+                 r.status().ToString().c_str());
+          force_bcopy = L;
+        }
+        size_t want = force_bcopy ? std::min(rem, force_bcopy) : rem;
+        size_t k = c->AppendData(q, want);
+        if (k > 0) {
+          off += k;
+          total += k;
+          if (force_bcopy) force_bcopy -= k;
+          c->TryTransmit();
+          continue;
+        }
+        c->TryTransmit();
+        if (dontwait) return partial(WouldBlock());
+        if (!e->WaitLocked([&] { return !c->error.ok() || c->CanAppend() || c->sink_in.valid; },
+                           deadline)) {
+          return partial(TimedOut());
+        }
+      }
+    }
+    result = total;
+  }
+  e->RunCallbacks();
+  return result;
+}
+
+absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
+                                        absl::Time deadline) {
+  if (state_ == nullptr) return Closed();
+  Engine* e = engine_;
+  absl::StatusOr<size_t> result;
+  {
+    MutexLock lock(&e->mu_);
+    ConnState* c = state_;
+    bool dontwait = flags & MSG_DONTWAIT;
+    bool peek = flags & MSG_PEEK;
+    bool waitall = (flags & MSG_WAITALL) && !peek;
+    if (!e->WaitLocked([&] { return !c->recv_busy; }, dontwait ? absl::Now() : deadline)) {
+      return dontwait ? WouldBlock() : TimedOut();
+    }
+    c->recv_busy = true;
+    absl::Cleanup done = [&] {
+      c->recv_busy = false;
+      e->NoteReadinessLocked(c);
+      e->NotifyLocked();
+    };
+    IovCursor cur(iov);
+    size_t copied = 0;
+    if (cur.done()) return size_t{0};
+    Fabric* fabric = c->ep->fabric();
+    const size_t max_rma = fabric->caps().max_rma_size ? fabric->caps().max_rma_size : kMaxAdvert;
+    for (;;) {
+      if (c->local_abort) return c->error;
+      if (c->shut_rd) return copied;
+      // 1. Copy what the stream holds.
+      size_t peek_skip = 0;  // PEEK: bytes of the queue already copied
+      for (size_t si = 0; !cur.done() && si < c->rxq.size();) {
+        RxSeg& s = c->rxq[si];
+        size_t avail = s.len - s.off;
+        size_t start = s.off;
+        if (peek) {
+          if (peek_skip >= avail) {
+            peek_skip -= avail;
+            ++si;
+            continue;
+          }
+          start += peek_skip;
+          avail -= peek_skip;
+          peek_skip = 0;
+        }
+        if (s.kind == RxSeg::kData) {
+          size_t k = std::min(avail, cur.space());
+          std::memcpy(cur.ptr(), s.data + start, k);
+          cur.Advance(k);
+          copied += k;
+          if (peek) {
+            peek_skip = 0;
+            if (k == avail) {
+              ++si;
+            }
+            continue;
+          }
+          s.off += k;
+          c->stats.bytes_recv_bcopy += k;
+          if (s.off == s.len) {
+            int b = s.buf;
+            c->rxq.pop_front();
+            c->Repost(b);
+          }
+          continue;
+        }
+        // SrcAvail: RDMA-read into the caller's buffer.
+        size_t k = std::min({avail, cur.space(), max_rma});
+        std::shared_ptr<MemoryRegion> mr;
+        absl::Status st;
+        if (fabric->caps().registration_required) {
+          auto r = fabric->rcache().Get(cur.ptr(), k, kLocalWrite);
+          if (r.ok()) {
+            mr = *r;
+          } else {
+            st = r.status();
+          }
+        }
+        uint32_t advert = s.advert;
+        if (st.ok() && c->ep_closed) st = c->error;
+        if (st.ok()) {
+          s.reading = true;
+          c->read_status = absl::OkStatus();
+          st = c->ep->Read(cur.ptr(), k, mr.get(), s.addr + start, s.key,
+                           MakeCtx(c->id, kCtxRead, 0));
+          if (st.ok()) {
+            c->reads_out++;
+            // The buffer is in use until the read completes: no deadline.
+            e->WaitLocked([&] { return c->reads_out == 0; }, absl::InfiniteFuture());
+            st = c->read_status;
+          }
+        }
+        // The deque may have grown; find the segment again (it is the
+        // first SrcAvail: only one is outstanding).
+        RxSeg* sp = nullptr;
+        size_t idx = 0;
+        for (; idx < c->rxq.size(); ++idx) {
+          if (c->rxq[idx].kind == RxSeg::kSrcAvail && c->rxq[idx].advert == advert) {
+            sp = &c->rxq[idx];
+            break;
+          }
+        }
+        if (sp == nullptr) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+        sp->reading = false;
+        if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+        if (!st.ok()) {
+          // The source sends the rest by BCopy (RdmaRdCompl + SendSmall).
+          ZS_LOG(kInfo, "sdp: RDMA read of SrcAvail %u failed (%s); asking for bcopy", advert,
+                 st.ToString().c_str());
+          c->stats.rdma_fallbacks++;
+          uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : wire::kFlagSendSmall;
+          c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl}, wire::Completed{advert, 0}});
+          c->rxq.erase(c->rxq.begin() + idx);
+          c->TryTransmit();
+          break;
+        }
+        cur.Advance(k);
+        copied += k;
+        if (peek) {
+          if (sp->cancel_requested) {
+            c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagCancelReply},
+                                      wire::Completed{advert, 0}});
+            c->rxq.erase(c->rxq.begin() + idx);
+            c->TryTransmit();
+            break;
+          }
+          if (k == avail) ++si;
+          continue;
+        }
+        sp->off += k;
+        c->rx_pos += k;
+        c->stats.bytes_recv_srcavail += k;
+        uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : 0;
+        c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl},
+                                  wire::Completed{advert, static_cast<uint32_t>(k)}});
+        if (sp->off == sp->len || sp->cancel_requested) c->rxq.erase(c->rxq.begin() + idx);
+        c->TryTransmit();
+        si = 0;
+      }
+      c->TryTransmit();
+      if (cur.done() || (copied > 0 && !waitall)) break;
+      // End of stream: the peer's DisconnReq came after all its data (even
+      // if the connection failed afterwards, unless it was reset).
+      if (c->peer_shut_wr && c->rxq.empty() && !c->peer_aborted) break;
+      if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+      if (peek && copied > 0) break;
+      if (dontwait) {
+        if (copied > 0) break;
+        return WouldBlock();
+      }
+      // 2. Nothing queued: announce the buffer (SinkAvail) if it is large.
+      if (!peek && c->rxq.empty() && c->opt.mode == Mode::kZcopy &&
+          (c->peer.caps & wire::kCapRdmaWrite) && cur.space() >= c->opt.zcopy_threshold &&
+          !c->sink.active && !c->shut_rd) {
+        size_t L = std::min(cur.space(), kMaxAdvert);
+        auto r = fabric->rcache().Get(cur.ptr(), L, kRemoteWrite | kLocalWrite);
+        if (r.ok()) {
+          wire::Advert a;
+          a.addr = reinterpret_cast<uint64_t>(cur.ptr());
+          a.length = static_cast<uint32_t>(L);
+          a.stream_pos = c->rx_pos;
+          a.key = (*r)->remote_key();
+          a.key_bytes = a.key.Serialize();
+          c->sink = ConnState::Sink{};
+          c->sink.active = true;
+          c->sink.len = static_cast<uint32_t>(L);
+          c->sink.mr = *r;
+          c->QueueCtl(wire::Message{{MessageId::kSinkAvail}, a});
+          c->stats.sinkavail_sent++;
+          c->TryTransmit();
+          bool resolved = e->WaitLocked(
+              [&] { return c->sink.resolved || !c->error.ok() || c->shut_rd; }, deadline);
+          if (!resolved && !c->sink.posted) {
+            for (auto it = c->ctlq.begin(); it != c->ctlq.end(); ++it) {
+              if (it->mid == MessageId::kSinkAvail) {
+                c->ctlq.erase(it);
+                break;
+              }
+            }
+            c->sink = ConnState::Sink{};
+            c->stats.sinkavail_sent--;
+            return copied ? absl::StatusOr<size_t>(copied) : TimedOut();
+          }
+          if (!resolved) {
+            // Deadline or SHUT_RD: cancel, then wait for the source's answer
+            // (its write, a void by data, or the ack) before giving the
+            // buffer back.
+            c->sink.cancel_sent = true;
+            c->sink_acks_due.push_back(c->sink.id);
+            c->stats.sinkavail_cancels++;
+            c->QueueCtl(wire::Message{{MessageId::kSinkAvailCancel},
+                                      wire::AdvertRef{c->sink.id}});
+            c->TryTransmit();
+            e->WaitLocked([&] { return c->sink.resolved || !c->error.ok(); },
+                          absl::InfiniteFuture());
+          }
+          size_t w = c->error.ok() ? c->sink.written : 0;
+          c->sink = ConnState::Sink{};
+          if (w > 0) {
+            c->stats.bytes_recv_sinkavail += w;
+            cur.Advance(w);
+            copied += w;
+          }
+          if (!resolved && w == 0 && c->error.ok() && c->rxq.empty()) {
+            return copied ? absl::StatusOr<size_t>(copied) : TimedOut();
+          }
+          continue;
+        }
+      }
+      if (!e->WaitLocked([&] {
+            return !c->rxq.empty() || c->peer_shut_wr || !c->error.ok() || c->shut_rd;
+          }, deadline)) {
+        if (copied > 0) break;
+        return TimedOut();
+      }
+    }
+    result = copied;
+  }
+  e->RunCallbacks();
+  return result;
+}
+
+absl::Status Connection::Shutdown(int how) {
+  if (state_ == nullptr) return Closed();
+  {
+    MutexLock lock(&engine_->mu_);
+    ConnState* c = state_;
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL, "shutdown: bad 'how'",
+                       "use SHUT_RD, SHUT_WR or SHUT_RDWR");
+    }
+    if (how == SHUT_RD || how == SHUT_RDWR) {
+      c->shut_rd = true;
+      c->DropReceived();
+    }
+    if ((how == SHUT_WR || how == SHUT_RDWR) && c->error.ok()) c->QueueShutdownWr();
+    engine_->NoteReadinessLocked(c);
+    engine_->NotifyLocked();
+  }
+  engine_->RunCallbacks();
+  return absl::OkStatus();
+}
+
+void Connection::Abort() {
+  if (state_ == nullptr) return;
+  {
+    MutexLock lock(&engine_->mu_);
+    ConnState* c = state_;
+    if (c->error.ok()) {
+      c->PostAbort(0);
+      c->local_abort = true;
+      c->Fail(MakeError(absl::StatusCode::kAborted, ECONNABORTED, "the connection was aborted",
+                        "open a new connection"));
+      engine_->WaitLocked([&] { return c->tx_inflight == 0; },
+                          absl::Now() + absl::Seconds(1));
+      c->CloseEndpoint();
+    }
+    engine_->NoteReadinessLocked(c);
+  }
+  engine_->RunCallbacks();
+}
+
+absl::Status Connection::Close() {
+  if (state_ == nullptr) return absl::OkStatus();
+  absl::Status result;
+  {
+    MutexLock lock(&engine_->mu_);
+    ConnState* c = state_;
+    if (c->error.ok() && c->phase == ConnState::Phase::kOpen) {
+      c->QueueShutdownWr();
+      bool flushed = engine_->WaitLocked(
+          [&] {
+            // Everything left and the peer acknowledged our DisconnReq (a
+            // provider may drop messages still in flight when the endpoint
+            // closes).
+            return !c->error.ok() ||
+                   (c->dataq.empty() && c->ctlq.empty() && c->tx_inflight == 0 &&
+                    c->shut_mseq != 0 && static_cast<int32_t>(c->peer_ack - c->shut_mseq) >= 0);
+          },
+          absl::Now() + c->opt.linger);
+      if (!flushed) {
+        result = MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                           "close: queued data did not leave within the linger time",
+                           "raise the linger option or let the peer read");
+      }
+    }
+    // Operations on user buffers must be over before they are released.
+    engine_->WaitLocked([&] { return c->reads_out == 0 && c->writes_out == 0; },
+                        absl::Now() + absl::Seconds(5));
+    c->phase = ConnState::Phase::kClosed;
+    c->CloseEndpoint();
+    engine_->RemoveLocked(c->id);
+    state_ = nullptr;
+  }
+  engine_->RunCallbacks();
+  return result;
+}
+
+uint32_t Connection::readiness() const {
+  if (state_ == nullptr) return kError | kHup;
+  MutexLock lock(&engine_->mu_);
+  return state_->ReadinessNow();
+}
+
+void Connection::SetReadinessCallback(std::function<void(uint32_t)> cb) {
+  if (state_ == nullptr) return;
+  {
+    MutexLock lock(&engine_->mu_);
+    state_->callback =
+        cb ? std::make_shared<std::function<void(uint32_t)>>(std::move(cb)) : nullptr;
+    state_->last_readiness = ~0u;  // fire once with the current state
+    engine_->NoteReadinessLocked(state_);
+  }
+  engine_->RunCallbacks();
+}
+
+ConnectionStats Connection::stats() const {
+  if (state_ == nullptr) return {};
+  MutexLock lock(&engine_->mu_);
+  return state_->stats;
+}
+
+absl::Status Connection::SetMode(Mode mode) {
+  if (state_ == nullptr) return Closed();
+  if (mode == Mode::kAz) {
+    return MakeError(absl::StatusCode::kUnimplemented, EOPNOTSUPP,
+                     "AZ-SDP mode is reserved in protocol version 1", "use bcopy or zcopy");
+  }
+  MutexLock lock(&engine_->mu_);
+  if (state_->opt.mode != mode) {
+    state_->opt.mode = mode;
+    if (state_->phase == ConnState::Phase::kOpen) {
+      state_->QueueCtl(wire::Message{{MessageId::kModeChange}, wire::ModeChange{mode}});
+      state_->TryTransmit();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Connection::SetZcopyThreshold(size_t bytes) {
+  if (state_ == nullptr) return Closed();
+  MutexLock lock(&engine_->mu_);
+  state_->opt.zcopy_threshold = std::max<size_t>(bytes, 1);
+  return absl::OkStatus();
+}
+
+ConnectionOptions Connection::options() const {
+  if (state_ == nullptr) return {};
+  MutexLock lock(&engine_->mu_);
+  return state_->opt;
+}
+
+std::string Connection::peer_address() const {
+  if (state_ == nullptr) return "";
+  MutexLock lock(&engine_->mu_);
+  return state_->peer_address;
+}
+
+std::string Connection::local_address() const {
+  if (state_ == nullptr) return "";
+  MutexLock lock(&engine_->mu_);
+  return state_->local_address;
+}
+
+absl::Status Connection::error() const {
+  if (state_ == nullptr) return Closed();
+  MutexLock lock(&engine_->mu_);
+  return state_->error;
+}
+
+absl::Status Connection::TestInjectRaw(std::string bytes) {
+  if (state_ == nullptr) return Closed();
+  MutexLock lock(&engine_->mu_);
+  ConnState* c = state_;
+  if (bytes.size() > c->tx_size || bytes.size() < wire::kHeaderSize) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL, "raw message size",
+                     "give 16 bytes .. the peer's buffer size");
+  }
+  // Sent as the next message: the sequence numbers are patched in unless
+  // the caller set them (non-zero), so only the field under test is wrong.
+  TxItem item;
+  item.mid = static_cast<MessageId>(static_cast<uint8_t>(bytes[0]));
+  if (!c->error.ok()) return c->error;
+  if (c->tx_free.empty() || c->Credits() < 1) return WouldBlock();
+  int slot = c->tx_free.back();
+  c->tx_free.pop_back();
+  uint8_t* p = c->SlotPtr(slot);
+  std::memcpy(p, bytes.data(), bytes.size());
+  uint32_t mseq, ack;
+  std::memcpy(&mseq, p + 8, 4);
+  std::memcpy(&ack, p + 12, 4);
+  ++c->tx_mseq;
+  if (mseq == 0) std::memcpy(p + 8, &c->tx_mseq, 4);
+  if (ack == 0) std::memcpy(p + 12, &c->rx_mseq, 4);
+  auto st = c->ep->Send(p, bytes.size(), c->tx.mr.get(), MakeCtx(c->id, kCtxTx, slot));
+  if (!st.ok()) {
+    c->tx_free.push_back(slot);
+    return st;
+  }
+  c->tx_inflight++;
+  return absl::OkStatus();
+}
+
+void Connection::TestReleaseHeld() {
+  if (state_ == nullptr) return;
+  {
+    MutexLock lock(&engine_->mu_);
+    state_->held = false;
+    state_->opt.test_hold = nullptr;
+    state_->TryTransmit();
+    engine_->NotifyLocked();
+  }
+  engine_->RunCallbacks();
+}
+
+}  // namespace zsock::sdp

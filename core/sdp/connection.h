@@ -1,0 +1,152 @@
+// sdp::Connection: one SDP byte-stream connection over a provider endpoint.
+//
+// Contract:
+//  - Send/Recv are blocking unless MSG_DONTWAIT is given (then a call that
+//    cannot move a byte fails with Unavailable / errno EAGAIN), and give up
+//    at `deadline` (DeadlineExceeded / EAGAIN, or the bytes moved so far).
+//  - Send copies into private buffers (BCopy; it returns once the bytes are
+//    queued, coalescing small writes while credits are out) or, at and above
+//    the zero-copy threshold in zcopy mode, announces the caller's buffer
+//    (SrcAvail) and returns once the peer has pulled it; a peer waiting in
+//    Recv with a large buffer announces it (SinkAvail) and Send writes there.
+//  - Recv returns the bytes available (at least 1), all requested bytes with
+//    MSG_WAITALL, 0 once the peer shut down writing and everything before it
+//    was read; MSG_PEEK leaves them in the stream.
+//  - A dead peer, a reset (peer's Abort) or a protocol violation fails every
+//    blocked and later call with Aborted (errno ECONNRESET, or EPROTO for a
+//    violation); Send after Shutdown(SHUT_WR) fails with FailedPrecondition
+//    (errno EPIPE).
+//  - Calls may come from several threads at once (one Send and one Recv at a
+//    time proceed; others wait their turn).
+//  - Readiness (readable/writable/error/hup) can be queried and a callback
+//    registered that fires, outside engine locks, whenever it changes: the
+//    sockets layer mirrors it onto a real fd for poll/epoll.
+#ifndef ZSOCK_CORE_SDP_CONNECTION_H_
+#define ZSOCK_CORE_SDP_CONNECTION_H_
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/sdp/wire.h"
+
+namespace zsock::sdp {
+
+class Engine;
+struct ConnState;
+
+using wire::Mode;
+
+// Per-connection options. Defaults come from the configuration (mode,
+// zcopy_threshold; docs/configuration.md).
+struct ConnectionOptions {
+  size_t buf_size = 64 << 10;   // bytes per private receive buffer
+  size_t rcvbuf = 1 << 20;      // receive buffers = rcvbuf / buf_size
+  size_t sndbuf = 1 << 20;      // bytes Send may queue ahead of credits
+  Mode mode = Mode::kBcopy;     // kZcopy: SrcAvail/SinkAvail above threshold
+  size_t zcopy_threshold = 128 << 10;  // docs/protocol.md, "Measured"
+  absl::Duration linger = absl::Seconds(10);  // Close waits this long to flush
+  // Test hook: called before each message is posted, with its id; returning
+  // false holds it (and everything behind it in its queue) until
+  // Connection::TestReleaseHeld. Used to force cancel races.
+  std::function<bool(wire::MessageId)> test_hold;
+
+  static ConnectionOptions FromConfig();
+};
+
+// Readiness bits.
+enum Readiness : uint32_t {
+  kReadable = 1u << 0,  // Recv would not block (data, EOF or error)
+  kWritable = 1u << 1,  // Send would queue at least one byte
+  kError = 1u << 2,     // the connection failed (Recv/Send return the error)
+  kRdHup = 1u << 3,     // the peer shut down writing (DisconnReq received)
+  kHup = 1u << 4,       // both directions are shut down or the connection failed
+};
+
+struct ConnectionStats {
+  uint64_t bytes_sent_bcopy = 0;
+  uint64_t bytes_sent_srcavail = 0;    // pulled by the peer's RDMA read
+  uint64_t bytes_sent_sinkavail = 0;   // RDMA-written into the peer's buffer
+  uint64_t bytes_recv_bcopy = 0;
+  uint64_t bytes_recv_srcavail = 0;
+  uint64_t bytes_recv_sinkavail = 0;
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t coalesced_sends = 0;        // Sends appended to a queued message
+  uint64_t credit_stalls = 0;          // times Data waited for credits
+  uint64_t credit_updates_sent = 0;    // Data messages with no payload
+  uint64_t srcavail_sent = 0;
+  uint64_t srcavail_cancels = 0;       // SrcAvailCancel sent
+  uint64_t sendsmall = 0;              // SrcAvails finished by BCopy
+  uint64_t sinkavail_sent = 0;
+  uint64_t sinkavail_cancels = 0;      // SinkAvailCancel sent
+  uint64_t sinkavail_void = 0;         // SinkAvails overtaken by data
+  uint64_t sinkavail_received = 0;     // peer's SinkAvails seen (source side)
+  uint64_t cancels_received = 0;       // SrcAvailCancel + SinkAvailCancel seen
+  uint64_t rdma_fallbacks = 0;         // refused RDMA read/write, finished by bcopy
+};
+
+class Connection {
+ public:
+  ~Connection();  // Close() with the configured linger if still open
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // flags: MSG_DONTWAIT (and MSG_NOSIGNAL, ignored).
+  absl::StatusOr<size_t> Send(std::span<const iovec> iov, int flags = 0,
+                              absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<size_t> Send(const void* buf, size_t len, int flags = 0,
+                              absl::Time deadline = absl::InfiniteFuture());
+  // flags: MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT.
+  absl::StatusOr<size_t> Recv(std::span<const iovec> iov, int flags = 0,
+                              absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<size_t> Recv(void* buf, size_t len, int flags = 0,
+                              absl::Time deadline = absl::InfiniteFuture());
+
+  // SHUT_WR sends DisconnReq after the queued data (the peer's Recv returns
+  // 0 after reading it all); SHUT_RD makes Recv return 0; SHUT_RDWR both.
+  absl::Status Shutdown(int how);
+  // Resets the connection: the peer gets ECONNRESET; queued data is dropped.
+  void Abort();
+  // Graceful: SHUT_WR, waits up to `linger` for queued data to leave, then
+  // releases the endpoint. Idempotent.
+  absl::Status Close();
+
+  uint32_t readiness() const;
+  // Called (outside engine locks, from whichever thread made progress) with
+  // the new readiness each time it changes. Replaces any previous callback.
+  void SetReadinessCallback(std::function<void(uint32_t)> cb);
+
+  ConnectionStats stats() const;
+  absl::Status SetMode(Mode mode);
+  absl::Status SetZcopyThreshold(size_t bytes);
+  ConnectionOptions options() const;
+  std::string peer_address() const;
+  std::string local_address() const;
+  // The error the connection failed with (OK while healthy).
+  absl::Status error() const;
+
+  // Test hooks: send raw bytes as one message (consumes a credit); release
+  // messages held by options.test_hold.
+  absl::Status TestInjectRaw(std::string bytes);
+  void TestReleaseHeld();
+
+ private:
+  friend class Engine;
+  friend class Listener;
+  Connection(Engine* engine, ConnState* state) : engine_(engine), state_(state) {}
+  Engine* engine_;
+  ConnState* state_;
+};
+
+}  // namespace zsock::sdp
+
+#endif  // ZSOCK_CORE_SDP_CONNECTION_H_

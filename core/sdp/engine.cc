@@ -1,0 +1,286 @@
+#include "core/sdp/engine.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/base/dynamic_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/mutex.h"
+#include "core/sdp/conn_state.h"
+#include "core/status.h"
+
+namespace zsock::sdp {
+
+namespace {
+
+absl::Duration Until(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return absl::Hours(1);
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
+  std::string spec = options.fabric;
+  if (spec.empty()) {
+    const auto& config = Config::Global();
+    if (!config.ok()) return config.status();
+    spec = config->GetString("provider");
+  }
+  auto fabric = Fabric::Open(spec);
+  if (!fabric.ok()) return fabric.status();
+  auto cq = (*fabric)->CreateCq();
+  if (!cq.ok()) return cq.status();
+  std::unique_ptr<Engine> e(new Engine());
+  e->notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  e->fabric_ = std::move(*fabric);
+  e->cq_ = std::move(*cq);
+  if (options.progress_thread) {
+    e->progress_thread_ = std::thread([raw = e.get()] { raw->ProgressThread(); });
+  }
+  return e;
+}
+
+Engine::~Engine() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    NotifyLocked();
+  }
+  if (progress_thread_.joinable()) progress_thread_.join();
+  {
+    MutexLock lock(&mu_);
+    if (!conns_.empty()) {
+      ZS_LOG(kWarn, "sdp engine destroyed with %d connections open; closing them",
+             static_cast<int>(conns_.size()));
+      for (auto& [id, c] : conns_) c->CloseEndpoint();
+      conns_.clear();
+    }
+  }
+  cq_.reset();
+  fabric_.reset();
+}
+
+void Engine::ProgressThread() {
+  MutexLock lock(&mu_);
+  while (!stop_) {
+    WaitLocked([&] { return stop_; }, absl::Now() + absl::Seconds(1));
+  }
+}
+
+EngineStats Engine::stats() const {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Engine::NotifyLocked() {
+  cv_.SignalAll();
+  if (leader_ && notify_fd_) {
+    uint64_t one = 1;
+    ssize_t rc = ::write(notify_fd_.get(), &one, sizeof(one));
+    (void)rc;  // EAGAIN: already signalled
+  }
+}
+
+// The leader's wait: like CompletionQueue::Wait (spin for spin_us, then
+// sleep on the CQ's fd), but also woken by NotifyLocked through the
+// engine's own eventfd, so a local state change another thread makes (a
+// shutdown, a release) ends the sleep at once.
+size_t Engine::LeadWait(std::span<Completion> out, absl::Time until) {
+  static const int64_t spin_ns = [] {
+    const auto& config = Config::Global();
+    return config.ok() ? config->GetInt("spin_us") * 1000 : int64_t{20000};
+  }();
+  const int64_t start = absl::GetCurrentTimeNanos();
+  for (;;) {
+    if (size_t n = cq_->Poll(out); n > 0) return n;
+    if (absl::GetCurrentTimeNanos() - start >= spin_ns) break;
+  }
+  for (;;) {
+    absl::Time now = absl::Now();
+    if (now >= until) return 0;
+    if (cq_->Arm()) {
+      pollfd pfd[2] = {{cq_->wait_fd(), POLLIN, 0}, {notify_fd_.get(), POLLIN, 0}};
+      int ms = static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(until - now) + 1, 1000));
+      int rc = ::poll(pfd, notify_fd_ ? 2 : 1, ms);
+      if (rc < 0 && errno != EINTR) {
+        ZS_LOG(kWarn, "sdp: poll on the completion queue fd failed: %s", std::strerror(errno));
+      }
+      bool notified = notify_fd_ && (pfd[1].revents & POLLIN);
+      if (notified) {
+        uint64_t v;
+        while (::read(notify_fd_.get(), &v, sizeof(v)) == sizeof(v)) {}
+      }
+      if (size_t n = cq_->Poll(out); n > 0) return n;
+      if (notified) return 0;  // let the caller re-check its condition
+    } else {
+      if (size_t n = cq_->Poll(out); n > 0) return n;
+    }
+  }
+}
+
+void Engine::NoteReadinessLocked(ConnState* c) {
+  uint32_t r = c->ReadinessNow();
+  if (r == c->last_readiness) return;
+  c->last_readiness = r;
+  if (c->callback) callbacks_.push_back({c->callback, r});
+}
+
+void Engine::RunCallbacks() {
+  MutexLock order(&callback_mu_);
+  std::vector<PendingCallback> todo;
+  {
+    MutexLock lock(&mu_);
+    todo.swap(callbacks_);
+  }
+  for (auto& p : todo) (*p.cb)(p.readiness);
+}
+
+void Engine::RemoveLocked(uint64_t id) { conns_.erase(id); }
+
+void Engine::DispatchLocked(Completion& c) {
+  stats_.completions++;
+  uint64_t id = c.context >> 24;
+  auto kind = static_cast<CtxKind>((c.context >> 20) & 0xf);
+  uint32_t index = static_cast<uint32_t>(c.context & 0xfffff);
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;  // a connection already closed
+  ConnState* s = it->second.get();
+  s->OnCompletion(kind, index, c);
+  NoteReadinessLocked(s);
+}
+
+bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline) {
+  for (;;) {
+    if (pred()) return true;
+    absl::Time now = absl::Now();
+    if (now >= deadline) return false;
+    // Wake at least every second to re-check (a lost wakeup never hangs).
+    absl::Time until = std::min(deadline, now + absl::Seconds(1));
+    if (!leader_) {
+      leader_ = true;
+      stats_.leader_waits++;
+      ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
+      mu_.Unlock();
+      Completion comps[32];
+      size_t n = LeadWait(std::span<Completion>(comps, 32), until);
+      mu_.Lock();
+      ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
+      leader_ = false;
+      for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
+      cv_.SignalAll();
+      if (!callbacks_.empty()) {
+        ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
+        mu_.Unlock();
+        RunCallbacks();
+        mu_.Lock();
+        ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
+      }
+    } else {
+      cv_.WaitWithDeadline(&mu_, until);
+    }
+  }
+}
+
+void Engine::Poll() {
+  {
+    MutexLock lock(&mu_);
+    if (leader_) return;  // someone is already making progress
+    leader_ = true;
+    ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
+    mu_.Unlock();
+    Completion comps[32];
+    size_t n = cq_->Poll(std::span<Completion>(comps, 32));
+    mu_.Lock();
+    ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
+    leader_ = false;
+    for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
+    cv_.SignalAll();
+  }
+  RunCallbacks();
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Engine::Listen(absl::string_view address,
+                                                          ConnectionOptions options) {
+  auto l = fabric_->Listen(address);
+  if (!l.ok()) return l.status();
+  return std::unique_ptr<Listener>(new Listener(this, std::move(*l), std::move(options)));
+}
+
+absl::StatusOr<std::unique_ptr<Connection>> Engine::Connect(absl::string_view address,
+                                                            ConnectionOptions options,
+                                                            absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) {
+    const auto& config = Config::Global();
+    int64_t ms = config.ok() ? config->GetInt("connect_timeout_ms") : 10000;
+    deadline = absl::Now() + absl::Milliseconds(ms);
+  }
+  auto ep = fabric_->Connect(address, cq_.get(), Until(deadline));
+  if (!ep.ok()) return ep.status();
+  return Start(std::move(*ep), std::move(options), /*active=*/true, deadline);
+}
+
+absl::StatusOr<std::unique_ptr<Connection>> Engine::Start(std::unique_ptr<Endpoint> ep,
+                                                          ConnectionOptions options, bool active,
+                                                          absl::Time deadline) {
+  std::unique_ptr<Connection> conn;
+  {
+    MutexLock lock(&mu_);
+    auto state = std::make_unique<ConnState>();
+    ConnState* c = state.get();
+    c->engine = this;
+    c->id = next_id_++;
+    c->ep = std::move(ep);
+    c->opt = std::move(options);
+    c->active = active;
+    conns_[c->id] = std::move(state);
+    absl::Status st = c->Init();
+    if (st.ok()) {
+      WaitLocked([&] { return c->phase == ConnState::Phase::kOpen || !c->error.ok(); },
+                 deadline);
+      if (!c->error.ok()) {
+        st = c->error;
+      } else if (c->phase != ConnState::Phase::kOpen) {
+        st = MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                       absl::StrCat("SDP handshake with ", c->peer_address,
+                                    " did not finish in time"),
+                       "check that the peer runs zsock's SDP engine (protocol version 1)");
+      }
+    }
+    if (!st.ok()) {
+      c->phase = ConnState::Phase::kClosed;
+      c->CloseEndpoint();
+      RemoveLocked(c->id);
+      return st;
+    }
+    c->TryTransmit();
+    NoteReadinessLocked(c);
+    conn.reset(new Connection(this, c));
+  }
+  RunCallbacks();
+  return conn;
+}
+
+// ---------------------------------------------------------------- Listener
+
+Listener::~Listener() = default;
+
+std::string Listener::address() const { return listener_->address(); }
+
+int Listener::fd() const { return listener_->fd(); }
+
+absl::StatusOr<std::unique_ptr<Connection>> Listener::Accept(absl::Time deadline) {
+  auto ep = listener_->Accept(engine_->cq_.get(), Until(deadline));
+  if (!ep.ok()) return ep.status();
+  return engine_->Start(std::move(*ep), options_, /*active=*/false, deadline);
+}
+
+}  // namespace zsock::sdp

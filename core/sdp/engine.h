@@ -1,0 +1,138 @@
+// sdp::Engine: owns one Fabric and one CompletionQueue and drives every SDP
+// connection made through it.
+//
+// Progress needs no spinning thread: a thread blocked in a Connection call
+// becomes the progress leader (it waits on the CQ, which spins briefly and
+// then sleeps on its fd) and dispatches completions for every connection;
+// other blocked threads sleep on a condition variable until the leader hands
+// over. With EngineOptions::progress_thread, a background thread leads while
+// no caller does, so connections progress (credits return, peers' RDMA reads
+// of emulated providers are served, readiness callbacks fire) while the
+// application sleeps in its own epoll. Without it, Poll() makes progress
+// without blocking (for an event loop watching wait_fd()).
+//
+// The engine uses only core/provider.h; the provider comes from the fabric
+// config string (or the `provider` configuration key).
+#ifndef ZSOCK_CORE_SDP_ENGINE_H_
+#define ZSOCK_CORE_SDP_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/fd.h"
+#include "core/provider.h"
+#include "core/sdp/connection.h"
+
+namespace zsock::sdp {
+
+struct EngineOptions {
+  std::string fabric;            // "" = the configured provider
+  bool progress_thread = false;  // see above
+};
+
+class Listener {
+ public:
+  ~Listener();
+  std::string address() const;
+  // Readable when a provider-level connection is waiting.
+  int fd() const;
+  // Accepts one connection and completes the SDP handshake (Hello/HelloAck)
+  // by `deadline`.
+  absl::StatusOr<std::unique_ptr<Connection>> Accept(
+      absl::Time deadline = absl::InfiniteFuture());
+
+ private:
+  friend class Engine;
+  Listener(Engine* engine, std::unique_ptr<zsock::Listener> l, ConnectionOptions o)
+      : engine_(engine), listener_(std::move(l)), options_(std::move(o)) {}
+  Engine* engine_;
+  std::unique_ptr<zsock::Listener> listener_;
+  ConnectionOptions options_;
+};
+
+struct EngineStats {
+  uint64_t completions = 0;
+  uint64_t leader_waits = 0;     // CQ waits by a caller thread
+  uint64_t protocol_aborts = 0;  // connections aborted for a malformed message
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options = {});
+  ~Engine();  // every Connection and Listener must be gone first
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Fabric* fabric() const { return fabric_.get(); }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(
+      absl::string_view address, ConnectionOptions options = ConnectionOptions::FromConfig());
+  absl::StatusOr<std::unique_ptr<Connection>> Connect(
+      absl::string_view address, ConnectionOptions options = ConnectionOptions::FromConfig(),
+      absl::Time deadline = absl::InfiniteFuture());
+
+  // Non-blocking progress for event loops: dispatches what the CQ has.
+  void Poll();
+  // The CQ's fd (readable when Poll may have work; see CompletionQueue::Arm).
+  int wait_fd() const { return cq_->wait_fd(); }
+  EngineStats stats() const;
+
+ private:
+  friend class Connection;
+  friend class Listener;
+  friend struct ConnState;
+
+  Engine() = default;
+  absl::StatusOr<std::unique_ptr<Connection>> Start(std::unique_ptr<Endpoint> ep,
+                                                    ConnectionOptions options, bool active,
+                                                    absl::Time deadline);
+  // Blocks (leading progress or following) until pred() or deadline;
+  // returns pred(). Requires mu_.
+  bool WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DispatchLocked(Completion& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes followers and the leader after a local state change.
+  void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues readiness callbacks for connections whose readiness changed.
+  void NoteReadinessLocked(ConnState* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs queued callbacks; call without mu_.
+  void RunCallbacks() ABSL_LOCKS_EXCLUDED(mu_);
+  void ProgressThread();
+  size_t LeadWait(std::span<Completion> out, absl::Time until);
+  void RemoveLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::unique_ptr<Fabric> fabric_;
+  std::unique_ptr<CompletionQueue> cq_;
+  Fd notify_fd_;  // wakes the leader's sleep on local state changes
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::unique_ptr<ConnState>> conns_ ABSL_GUARDED_BY(mu_);
+  struct PendingCallback {
+    std::shared_ptr<std::function<void(uint32_t)>> cb;
+    uint32_t readiness;
+  };
+  std::vector<PendingCallback> callbacks_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex callback_mu_;  // runs callbacks in order, one batch at a time
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread progress_thread_;
+};
+
+}  // namespace zsock::sdp
+
+#endif  // ZSOCK_CORE_SDP_ENGINE_H_

@@ -1,0 +1,1030 @@
+// The SDP engine over every provider configuration linked in, in both data
+// paths (bcopy, zcopy), with two real processes per test.
+//
+// Fork rule (docs/provider-interface.md, tests/conformance_test.cc): the
+// parent opens its engine (fabric + CQ) and listener, then forks; children
+// open their own engine and leave with _exit; no endpoint exists at fork.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/rcache.h"
+#include "core/sdp/engine.h"
+#include "core/sdp/wire.h"
+#include "core/status.h"
+#include "gtest/gtest.h"
+#include "tests/conformance_configs.h"
+
+namespace zsock::sdp {
+namespace {
+
+using wire::MessageId;
+
+constexpr absl::Duration kCallTimeout = absl::Seconds(60);
+
+absl::Time Deadline() { return absl::Now() + kCallTimeout; }
+
+[[noreturn]] void ChildFail(int line, const std::string& what) {
+  std::fprintf(stderr, "child %d: sdp_test.cc:%d: %s\n", getpid(), line, what.c_str());
+  std::fflush(stderr);
+  _exit(1);
+}
+#define CHILD_CHECK(cond) \
+  do {                    \
+    if (!(cond)) ChildFail(__LINE__, "check failed: " #cond); \
+  } while (0)
+#define CHILD_OK(expr)                                                        \
+  do {                                                                        \
+    absl::Status _st = (expr);                                                \
+    if (!_st.ok()) ChildFail(__LINE__, std::string(#expr ": ") + _st.ToString()); \
+  } while (0)
+
+pid_t Spawn(std::function<int()> body) {
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(300);  // a hung child must not hang the suite
+    int rc = body();
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  return pid;
+}
+
+int Reap(pid_t pid, absl::Duration timeout = absl::Seconds(300)) {
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) return -WTERMSIG(status);
+    }
+    if (r < 0) return -2000;
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1000;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+// The byte at stream offset i: word (i / 8) of a keyed mix, byte i % 8.
+inline uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+void FillStream(uint8_t* p, uint64_t off, size_t n, uint64_t seed) {
+  size_t i = 0;
+  while (i < n && (off + i) % 8 != 0) {
+    uint64_t w = Mix(((off + i) / 8) ^ seed);
+    p[i] = static_cast<uint8_t>(w >> (8 * ((off + i) % 8)));
+    ++i;
+  }
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w = Mix(((off + i) / 8) ^ seed);
+    std::memcpy(p + i, &w, 8);
+  }
+  for (; i < n; ++i) {
+    uint64_t w = Mix(((off + i) / 8) ^ seed);
+    p[i] = static_cast<uint8_t>(w >> (8 * ((off + i) % 8)));
+  }
+}
+// Returns the first offset that differs, or -1.
+int64_t CheckStream(const uint8_t* p, uint64_t off, size_t n, uint64_t seed,
+                    std::vector<uint8_t>* scratch) {
+  scratch->resize(std::max(scratch->size(), n));
+  FillStream(scratch->data(), off, n, seed);
+  if (std::memcmp(p, scratch->data(), n) == 0) return -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != (*scratch)[i]) return static_cast<int64_t>(off + i);
+  }
+  return -1;
+}
+
+// Log-uniform size in [1, max].
+size_t RandomSize(std::mt19937_64& rng, size_t max) {
+  std::uniform_real_distribution<double> d(0, std::log(static_cast<double>(max)));
+  return std::min(max, std::max<size_t>(1, static_cast<size_t>(std::exp(d(rng)))));
+}
+
+struct Param {
+  std::string config;
+  Mode mode;
+};
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  std::string s = info.param.config + (info.param.mode == Mode::kZcopy ? "_zcopy" : "_bcopy");
+  for (char& ch : s) {
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return s;
+}
+
+std::vector<Param> AllParams() {
+  std::vector<Param> out;
+  for (const auto& c : ConformanceConfigurations()) {
+    out.push_back({c, Mode::kBcopy});
+    out.push_back({c, Mode::kZcopy});
+  }
+  return out;
+}
+
+class SdpTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    auto engine = Engine::Create({GetParam().config, false});
+    if (!engine.ok()) {
+      auto code = engine.status().code();
+      if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound ||
+          code == absl::StatusCode::kFailedPrecondition) {
+        GTEST_SKIP() << "provider configuration '" << GetParam().config
+                     << "' cannot run here: " << engine.status().message();
+      }
+      FAIL() << engine.status();
+    }
+    engine_ = std::move(*engine);
+    auto l = engine_->Listen("", Options());
+    ASSERT_TRUE(l.ok()) << l.status();
+    listener_ = std::move(*l);
+  }
+
+  ConnectionOptions Options() const {
+    ConnectionOptions o;
+    o.mode = GetParam().mode;
+    o.zcopy_threshold = 64 << 10;
+    return o;
+  }
+
+  // Bytes each direction carries in the transfer test: 512 MiB per
+  // direction (1 GiB per mode) on the default unet configuration, 64 MiB on
+  // the others (slower providers; see docs/protocol.md).
+  size_t TransferBytes() const {
+    if (const char* env = getenv("ZSOCK_TEST_SDP_MIB")) return size_t(atoi(env)) << 20;
+    return GetParam().config == "unet" ? size_t{512} << 20 : size_t{64} << 20;
+  }
+
+  // In a child: its own engine and a connection to the parent.
+  struct ChildSide {
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<Connection> conn;
+  };
+  ChildSide ChildConnect(ConnectionOptions o) {
+    ChildSide s;
+    auto e = Engine::Create({GetParam().config, false});
+    CHILD_OK(e.status());
+    s.engine = std::move(*e);
+    auto c = s.engine->Connect(listener_->address(), o, Deadline());
+    CHILD_OK(c.status());
+    s.conn = std::move(*c);
+    return s;
+  }
+  ChildSide ChildConnect() { return ChildConnect(Options()); }
+
+  std::unique_ptr<Connection> AcceptOne() {
+    auto c = listener_->Accept(Deadline());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Listener> listener_;
+};
+
+// Writes `total` stream bytes in random-length sends; returns "" or an error.
+std::string WriteStream(Connection* c, size_t total, uint64_t seed) {
+  std::mt19937_64 rng(seed * 7 + 1);
+  std::vector<uint8_t> buf(size_t{64} << 20);
+  uint64_t off = 0;
+  while (off < total) {
+    size_t n = std::min<size_t>(RandomSize(rng, buf.size()), total - off);
+    FillStream(buf.data(), off, n, seed);
+    size_t done = 0;
+    while (done < n) {
+      auto r = c->Send(buf.data() + done, n - done, 0, Deadline());
+      if (!r.ok()) return absl::StrCat("send at ", off + done, ": ", r.status().ToString());
+      done += *r;
+    }
+    off += n;
+  }
+  return "";
+}
+
+// Reads `total` stream bytes in random-length receives and checks them.
+std::string ReadStream(Connection* c, size_t total, uint64_t seed) {
+  std::mt19937_64 rng(seed * 13 + 5);
+  std::vector<uint8_t> buf(size_t{64} << 20), scratch;
+  uint64_t off = 0;
+  while (off < total) {
+    size_t n = RandomSize(rng, buf.size());
+    int flags = (rng() % 4 == 0) ? MSG_WAITALL : 0;
+    if (flags == MSG_WAITALL) n = std::min<size_t>(n, total - off);
+    auto r = c->Recv(buf.data(), n, flags, Deadline());
+    if (!r.ok()) return absl::StrCat("recv at ", off, ": ", r.status().ToString());
+    if (*r == 0) return absl::StrCat("unexpected end of stream at ", off);
+    if (flags == MSG_WAITALL && *r != n) return absl::StrCat("WAITALL returned ", *r, " of ", n);
+    if (off + *r > total) return absl::StrCat("received past the end: ", off + *r);
+    int64_t bad = CheckStream(buf.data(), off, *r, seed, &scratch);
+    if (bad >= 0) return absl::StrCat("byte ", bad, " differs (read of ", *r, " at ", off, ")");
+    off += *r;
+  }
+  // Then end of stream.
+  auto r = c->Recv(buf.data(), 1, 0, Deadline());
+  if (!r.ok()) return absl::StrCat("recv at end: ", r.status().ToString());
+  if (*r != 0) return "data after the expected end";
+  return "";
+}
+
+TEST_P(SdpTest, RandomLengthsBothDirectionsByteExact) {
+  const size_t total = TransferBytes();
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    std::string werr, rerr;
+    std::thread w([&] {
+      werr = WriteStream(s.conn.get(), total, 1);
+      if (werr.empty()) {
+        auto st = s.conn->Shutdown(SHUT_WR);
+        if (!st.ok()) werr = st.ToString();
+      }
+    });
+    rerr = ReadStream(s.conn.get(), total, 2);
+    w.join();
+    if (!werr.empty()) ChildFail(__LINE__, "writer: " + werr);
+    if (!rerr.empty()) ChildFail(__LINE__, "reader: " + rerr);
+    auto stats = s.conn->stats();
+    std::fprintf(stderr, "child: sent bcopy %llu srcavail %llu sinkavail %llu, stalls %llu, "
+                 "coalesced %llu\n",
+                 (unsigned long long)stats.bytes_sent_bcopy,
+                 (unsigned long long)stats.bytes_sent_srcavail,
+                 (unsigned long long)stats.bytes_sent_sinkavail,
+                 (unsigned long long)stats.credit_stalls,
+                 (unsigned long long)stats.coalesced_sends);
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  absl::Time start = absl::Now();
+  std::string werr, rerr;
+  std::thread w([&] {
+    werr = WriteStream(c.get(), total, 2);
+    if (werr.empty()) {
+      auto st = c->Shutdown(SHUT_WR);
+      if (!st.ok()) werr = st.ToString();
+    }
+  });
+  rerr = ReadStream(c.get(), total, 1);
+  w.join();
+  EXPECT_EQ(werr, "");
+  EXPECT_EQ(rerr, "");
+  double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  auto stats = c->stats();
+  std::printf("%s: %zu MiB each way in %.2f s; parent received bcopy %llu srcavail %llu "
+              "sinkavail %llu\n",
+              GetParam().config.c_str(), total >> 20, secs,
+              (unsigned long long)stats.bytes_recv_bcopy,
+              (unsigned long long)stats.bytes_recv_srcavail,
+              (unsigned long long)stats.bytes_recv_sinkavail);
+  EXPECT_EQ(stats.bytes_recv_bcopy + stats.bytes_recv_srcavail + stats.bytes_recv_sinkavail,
+            total);
+  if (GetParam().mode == Mode::kBcopy) {
+    EXPECT_EQ(stats.bytes_recv_bcopy, total);
+  } else {
+    EXPECT_GT(stats.bytes_recv_srcavail + stats.bytes_recv_sinkavail, 0u);
+  }
+  EXPECT_TRUE(c->Close().ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Many small writes while the reader is slow: they coalesce (reverse
+// packetization) and arrive byte-exact.
+TEST_P(SdpTest, SmallWritesCoalesceWhileCreditsAreOut) {
+  constexpr size_t kWrites = 20000;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    uint64_t off = 0;
+    std::vector<uint8_t> buf(64);
+    for (size_t i = 0; i < kWrites; ++i) {
+      size_t n = 1 + i % 61;
+      FillStream(buf.data(), off, n, 9);
+      auto r = s.conn->Send(buf.data(), n, 0, Deadline());
+      CHILD_OK(r.status());
+      CHILD_CHECK(*r == n);
+      off += n;
+    }
+    auto stats = s.conn->stats();
+    CHILD_CHECK(stats.coalesced_sends > 0);
+    CHILD_CHECK(stats.messages_sent < kWrites);
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  absl::SleepFor(absl::Milliseconds(300));  // let the writer run out of credits
+  size_t total = 0;
+  for (size_t i = 0; i < kWrites; ++i) total += 1 + i % 61;
+  EXPECT_EQ(ReadStream(c.get(), total, 9), "");
+  EXPECT_LT(c->stats().messages_received, kWrites);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+TEST_P(SdpTest, HalfCloseDeliversEverythingThenZero) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    std::vector<uint8_t> buf(300000);
+    FillStream(buf.data(), 0, buf.size(), 3);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    CHILD_OK(r.status());
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    // Sending after SHUT_WR fails with EPIPE.
+    auto again = s.conn->Send(buf.data(), 1, 0, Deadline());
+    CHILD_CHECK(!again.ok() && StatusErrno(again.status()) == EPIPE);
+    // The other direction still works.
+    std::string err = ReadStream(s.conn.get(), 1000, 4);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_CHECK(s.conn->readiness() & kRdHup);
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(ReadStream(c.get(), 300000, 3), "");
+  EXPECT_TRUE(c->readiness() & kReadable);
+  EXPECT_TRUE(c->readiness() & kRdHup);
+  std::vector<uint8_t> buf(1000);
+  FillStream(buf.data(), 0, buf.size(), 4);
+  auto r = c->Send(buf.data(), buf.size(), 0, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+  EXPECT_TRUE(c->Close().ok());
+}
+
+TEST_P(SdpTest, AbortResetsThePeer) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    char b[100];
+    auto r = s.conn->Recv(b, sizeof(b), MSG_WAITALL, Deadline());
+    CHILD_OK(r.status());
+    s.conn->Abort();
+    auto again = s.conn->Recv(b, 1, 0, Deadline());
+    CHILD_CHECK(!again.ok());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  std::vector<uint8_t> buf(100, 7);
+  ASSERT_TRUE(c->Send(buf.data(), buf.size(), 0, Deadline()).ok());
+  std::vector<uint32_t> seen;
+  c->SetReadinessCallback([&](uint32_t r) { seen.push_back(r); });
+  auto r = c->Recv(buf.data(), buf.size(), 0, Deadline());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_EQ(StatusErrno(r.status()), ECONNRESET) << r.status();
+  auto s = c->Send(buf.data(), buf.size(), 0, Deadline());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(StatusErrno(s.status()), ECONNRESET);
+  EXPECT_TRUE(c->readiness() & kError);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_TRUE(seen.back() & kError);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+TEST_P(SdpTest, PeerKilledMidTransferFailsBlockedCalls) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    std::vector<uint8_t> buf(1 << 20, 1);
+    for (;;) {  // sends forever, never reads
+      if (!s.conn->Send(buf.data(), buf.size(), 0, Deadline()).ok()) return 2;
+    }
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  std::atomic<bool> writer_done{false};
+  absl::Status writer_status;
+  std::thread w([&] {
+    std::vector<uint8_t> buf(1 << 20, 2);
+    for (;;) {
+      auto r = c->Send(buf.data(), buf.size(), 0, Deadline());
+      if (!r.ok()) {
+        writer_status = r.status();
+        break;
+      }
+    }
+    writer_done = true;
+  });
+  std::vector<uint8_t> buf(1 << 20);
+  size_t got = 0;
+  absl::Status early;
+  while (got < (size_t{8} << 20)) {
+    auto r = c->Recv(buf.data(), buf.size(), 0, Deadline());
+    if (!r.ok()) {
+      early = r.status();
+      break;
+    }
+    got += *r;
+  }
+  if (!early.ok()) {
+    kill(child, SIGKILL);
+    c->Abort();
+    w.join();
+    Reap(child);
+    FAIL() << "before the kill: " << early;
+  }
+  kill(child, SIGKILL);
+  absl::Time killed = absl::Now();
+  absl::Status reader_status;
+  for (;;) {
+    auto r = c->Recv(buf.data(), buf.size(), 0, Deadline());
+    if (!r.ok()) {
+      reader_status = r.status();
+      break;
+    }
+    ASSERT_GT(*r, 0u) << "end of stream instead of an error";
+  }
+  w.join();
+  EXPECT_TRUE(writer_done);
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+  EXPECT_EQ(reader_status.code(), absl::StatusCode::kAborted) << reader_status;
+  EXPECT_EQ(StatusErrno(reader_status), ECONNRESET) << reader_status;
+  EXPECT_TRUE(StatusErrno(writer_status) == ECONNRESET || StatusErrno(writer_status) == EPIPE)
+      << writer_status;
+  EXPECT_EQ(Reap(child), -SIGKILL);
+}
+
+// With a progress thread, a connection progresses while the application
+// sleeps: the readiness callback fires (as the sockets layer will mirror it
+// onto a real fd) without any call into the engine.
+TEST_P(SdpTest, ProgressThreadFiresReadinessWhileTheAppSleeps) {
+  pid_t child = Spawn([&] {
+    ChildSide s;
+    auto e = Engine::Create({GetParam().config, /*progress_thread=*/true});
+    CHILD_OK(e.status());
+    s.engine = std::move(*e);
+    auto c = s.engine->Connect(listener_->address(), Options(), Deadline());
+    CHILD_OK(c.status());
+    s.conn = std::move(*c);
+    absl::Mutex mu;
+    bool readable = false;
+    s.conn->SetReadinessCallback([&](uint32_t r) {
+      absl::MutexLock l(&mu);
+      if (r & kReadable) readable = true;
+    });
+    uint8_t go = 1;
+    CHILD_OK(s.conn->Send(&go, 1, 0, Deadline()).status());
+    {
+      // Sleep without calling the engine until the callback reports data.
+      absl::MutexLock l(&mu);
+      CHILD_CHECK(mu.AwaitWithTimeout(absl::Condition(&readable), absl::Seconds(30)));
+    }
+    std::string err = ReadStream(s.conn.get(), 100000, 31);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  uint8_t go = 0;
+  auto g = c->Recv(&go, 1, 0, Deadline());
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::SleepFor(absl::Milliseconds(100));  // the child is asleep by now
+  std::vector<uint8_t> buf(100000);
+  FillStream(buf.data(), 0, buf.size(), 31);
+  ASSERT_TRUE(c->Send(buf.data(), buf.size(), 0, Deadline()).ok());
+  ASSERT_TRUE(c->Shutdown(SHUT_WR).ok());
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Each malformed message aborts only its own connection.
+TEST_P(SdpTest, MalformedHeadersAbortOnlyThatConnection) {
+  auto raw = [](MessageId mid, uint32_t len, uint16_t bufs, uint32_t mseq, uint32_t ack,
+                std::string body = "") {
+    std::string s(16, '\0');
+    s[0] = static_cast<char>(mid);
+    std::memcpy(&s[2], &bufs, 2);
+    std::memcpy(&s[4], &len, 4);
+    std::memcpy(&s[8], &mseq, 4);
+    std::memcpy(&s[12], &ack, 4);
+    return s + body;
+  };
+  std::string compl_body(8, '\0');
+  compl_body[0] = 99;  // names an advert that does not exist
+  const std::vector<std::string> variants = {
+      raw(static_cast<MessageId>(0x42), 16, 1, 0, 0),                // unknown id
+      raw(MessageId::kData, 1000, 1, 0, 0),                          // wrong length
+      raw(MessageId::kData, 16, 4000, 0, 0),                         // credits beyond max
+      raw(MessageId::kData, 16, 1, 1000, 0),                         // out of sequence
+      raw(MessageId::kData, 16, 1, 0, 999999),                       // acks the future
+      raw(MessageId::kRdmaRdCompl, 24, 1, 0, 0, compl_body),         // unknown advert
+      raw(MessageId::kHelloAck, 16, 1, 0, 0),                        // short Hello
+      raw(MessageId::kDisconnReq, 17, 1, 0, 0, std::string(1, 'x')),  // body on DisconnReq
+  };
+  const size_t n = variants.size();
+  pid_t child = Spawn([&] {
+    ChildSide good = ChildConnect();
+    std::vector<ChildSide> bad;
+    for (size_t i = 0; i < n; ++i) bad.push_back(ChildConnect());
+    for (size_t i = 0; i < n; ++i) {
+      uint8_t tag = static_cast<uint8_t>(i + 1);
+      CHILD_OK(bad[i].conn->Send(&tag, 1, 0, Deadline()).status());
+      CHILD_OK(bad[i].conn->TestInjectRaw(variants[i]));
+    }
+    uint8_t tag = 0;
+    CHILD_OK(good.conn->Send(&tag, 1, 0, Deadline()).status());
+    // Each bad connection gets reset by the parent's AbortConn.
+    for (size_t i = 0; i < n; ++i) {
+      char b;
+      auto r = bad[i].conn->Recv(&b, 1, 0, Deadline());
+      CHILD_CHECK(!r.ok());
+      CHILD_CHECK(StatusErrno(r.status()) == ECONNRESET);
+    }
+    std::string err = ReadStream(good.conn.get(), 5000, 11);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    return 0;
+  });
+  std::vector<std::unique_ptr<Connection>> conns;
+  for (size_t i = 0; i < n + 1; ++i) {
+    conns.push_back(AcceptOne());
+    ASSERT_NE(conns.back(), nullptr);
+  }
+  Connection* good = nullptr;
+  for (auto& c : conns) {
+    uint8_t tag = 0xff;
+    auto r = c->Recv(&tag, 1, 0, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (tag == 0) {
+      good = c.get();
+      continue;
+    }
+    auto bad = c->Recv(&tag, 1, 0, Deadline());
+    ASSERT_FALSE(bad.ok()) << "variant " << int(tag);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kAborted) << bad.status();
+    EXPECT_EQ(StatusErrno(bad.status()), EPROTO) << "variant " << int(tag) << ": " << bad.status();
+  }
+  ASSERT_NE(good, nullptr);
+  std::vector<uint8_t> buf(5000);
+  FillStream(buf.data(), 0, buf.size(), 11);
+  auto r = good->Send(buf.data(), buf.size(), 0, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(good->Shutdown(SHUT_WR).ok());
+  auto eof = good->Recv(buf.data(), 1, 0, Deadline());  // the child's Close
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_GE(engine_->stats().protocol_aborts, n);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+TEST_P(SdpTest, NonBlockingCallsReturnWouldBlock) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    char b[10];
+    auto r = s.conn->Recv(b, sizeof(b), MSG_WAITALL, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == sizeof(b));
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  char b[10] = {};
+  auto r = c->Recv(b, sizeof(b), MSG_DONTWAIT);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(StatusErrno(r.status()), EAGAIN);
+  EXPECT_FALSE(c->readiness() & kReadable);
+  EXPECT_TRUE(c->readiness() & kWritable);
+  ASSERT_TRUE(c->Send(b, sizeof(b), MSG_DONTWAIT).ok());
+  // The child closes: MSG_PEEK sees the end of stream (and acknowledges the
+  // DisconnReq the child's Close waits for).
+  auto eof = c->Recv(b, sizeof(b), MSG_PEEK, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// ---- ZCopy cancel races, each forced (test hooks and deadlines) and
+// checked byte-exact. They run in the zcopy instantiation only.
+
+// Page-aligned, page-granular buffers: no heap neighbour shares their pages,
+// so no free() elsewhere revokes their registration (a heap buffer's zero-copy
+// transfer falls back to bcopy when that happens, which would make these
+// tests take another path than the one they force).
+struct PageBuf {
+  explicit PageBuf(size_t n) : n_(n) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~PageBuf() {
+    if (p_ != nullptr) munmap(p_, n_);
+  }
+  uint8_t* data() { return p_; }
+  size_t size() const { return n_; }
+  uint8_t* p_;
+  size_t n_;
+};
+
+class SdpCancelTest : public SdpTest {
+ protected:
+  void SetUp() override {
+    if (GetParam().mode != Mode::kZcopy) GTEST_SKIP() << "zero-copy races: zcopy mode only";
+    SdpTest::SetUp();
+  }
+  // Re-listens with options carrying a hold hook for the accepted side.
+  void ListenHolding(MessageId held) {
+    ConnectionOptions o = Options();
+    o.test_hold = [held](MessageId m) { return m != held; };
+    auto l = engine_->Listen("", o);
+    ASSERT_TRUE(l.ok()) << l.status();
+    listener_ = std::move(*l);
+  }
+};
+
+// Waits (making progress) until pred() or 30 s.
+bool WaitFor(Engine* e, const std::function<bool()>& pred) {
+  absl::Time end = absl::Now() + absl::Seconds(30);
+  while (!pred()) {
+    if (absl::Now() > end) return false;
+    e->Poll();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+constexpr size_t kBig = 1 << 20;
+
+// Sends stream bytes [0, total) whatever the partial results; returns "".
+std::string SendAll(Connection* c, PageBuf& buf, size_t from) {
+  size_t off = from;
+  while (off < buf.size()) {
+    auto r = c->Send(buf.data() + off, buf.size() - off, 0, Deadline());
+    if (!r.ok()) return r.status().ToString();
+    off += *r;
+  }
+  return "";
+}
+
+// The source gives up before the sink reads: SrcAvailCancel, answered by
+// RdmaRdCompl(CancelReply, 0); the source resends; nothing is lost or
+// duplicated.
+TEST_P(SdpCancelTest, SourceGivesUpBeforeTheSinkReads) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 21);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, absl::Now() + absl::Milliseconds(300));
+    size_t sent = 0;
+    if (r.ok()) {
+      sent = *r;
+    } else {
+      CHILD_CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
+    }
+    CHILD_CHECK(s.conn->stats().srcavail_cancels == 1);
+    std::string err = SendAll(s.conn.get(), buf, sent);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  absl::SleepFor(absl::Seconds(1));  // not reading: the source's deadline passes
+  EXPECT_EQ(ReadStream(c.get(), kBig, 21), "");
+  EXPECT_GE(c->stats().cancels_received, 1u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The cancel crosses the sink's final RdmaRdCompl (held by a hook until the
+// cancel arrived): the sink answers CancelReply(0) after it; the source
+// counts every byte once and its Send returns them all.
+TEST_P(SdpCancelTest, CancelCrossesTheFinalReadCompletion) {
+  ListenHolding(MessageId::kRdmaRdCompl);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 22);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, absl::Now() + absl::Milliseconds(500));
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().srcavail_cancels == 1);
+    CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  // Peek first (a peek never announces a SinkAvail), so the data comes by
+  // the child's SrcAvail.
+  auto p = c->Recv(buf.data(), 1, MSG_PEEK, Deadline());
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kBig);
+  EXPECT_EQ(CheckStream(buf.data(), 0, kBig, 22, &scratch), -1);
+  ASSERT_TRUE(WaitFor(engine_.get(), [&] { return c->stats().cancels_received >= 1; }));
+  c->TestReleaseHeld();
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink gives up before the source writes: SinkAvailCancel answered by
+// SinkCancelAck; the data then comes another way, byte-exact.
+TEST_P(SdpCancelTest, SinkGivesUpBeforeTheSourceWrites) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    char go;
+    auto g = s.conn->Recv(&go, 1, 0, Deadline());  // progresses: acks the cancel
+    CHILD_OK(g.status());
+    CHILD_CHECK(*g == 1);
+    CHILD_CHECK(s.conn->stats().sinkavail_received == 1);
+    CHILD_CHECK(s.conn->stats().cancels_received == 1);
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 23);
+    std::string err = SendAll(s.conn.get(), buf, 0);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  auto r = c->Recv(buf.data(), buf.size(), 0, absl::Now() + absl::Milliseconds(300));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_EQ(c->stats().sinkavail_sent, 1u);
+  EXPECT_EQ(c->stats().sinkavail_cancels, 1u);
+  char go = 1;
+  ASSERT_TRUE(c->Send(&go, 1, 0, Deadline()).ok());
+  EXPECT_EQ(ReadStream(c.get(), kBig, 23), "");
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink's cancel crosses the source's write (its RdmaWrCompl held by a
+// hook until the cancel arrived): the sink takes the written bytes, the ack
+// follows the completion; every byte arrives once.
+TEST_P(SdpCancelTest, SinkCancelCrossesTheWrite) {
+  pid_t child = Spawn([&] {
+    ConnectionOptions o = Options();
+    o.test_hold = [](MessageId m) { return m != MessageId::kRdmaWrCompl; };
+    ChildSide s = ChildConnect(o);
+    CHILD_CHECK(WaitFor(s.engine.get(), [&] { return s.conn->stats().sinkavail_received >= 1; }));
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 24);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(s.conn->stats().bytes_sent_sinkavail == *r);
+    CHILD_CHECK(WaitFor(s.engine.get(), [&] { return s.conn->stats().cancels_received >= 1; }));
+    s.conn->TestReleaseHeld();
+    std::string err = SendAll(s.conn.get(), buf, *r);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  auto r = c->Recv(buf.data(), buf.size(), 0, absl::Now() + absl::Seconds(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_GT(*r, 0u);
+  EXPECT_EQ(CheckStream(buf.data(), 0, *r, 24, &scratch), -1);
+  EXPECT_EQ(c->stats().sinkavail_cancels, 1u);
+  EXPECT_EQ(c->stats().bytes_recv_sinkavail, *r);
+  // The rest of the stream follows.
+  size_t off = *r;
+  while (off < kBig) {
+    auto k = c->Recv(buf.data(), kBig - off, 0, Deadline());
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_GT(*k, 0u);
+    ASSERT_EQ(CheckStream(buf.data(), off, *k, 24, &scratch), -1);
+    off += *k;
+  }
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Both announce at once: the source's SrcAvail (held by a hook) and the
+// sink's SinkAvail cross; the source voids the SinkAvail, the sink voids it
+// on seeing the SrcAvail, and the data goes by RDMA read, byte-exact.
+TEST_P(SdpCancelTest, SrcAvailAndSinkAvailCross) {
+  int queued[2];
+  ASSERT_EQ(pipe(queued), 0);
+  pid_t child = Spawn([&] {
+    ConnectionOptions o = Options();
+    o.test_hold = [](MessageId m) { return m != MessageId::kSrcAvail; };
+    ChildSide s = ChildConnect(o);
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 25);
+    absl::StatusOr<size_t> r;
+    std::thread sender([&] { r = s.conn->Send(buf.data(), buf.size(), 0, Deadline()); });
+    // Tell the parent once the SrcAvail is queued (and held): its SinkAvail
+    // then certainly crosses it.
+    bool queued_ok = WaitFor(s.engine.get(), [&] { return s.conn->stats().srcavail_sent >= 1; });
+    char one = 1;
+    CHILD_CHECK(write(queued[1], &one, 1) == 1);
+    CHILD_CHECK(queued_ok);
+    bool seen = WaitFor(s.engine.get(), [&] { return s.conn->stats().sinkavail_received >= 1; });
+    s.conn->TestReleaseHeld();
+    sender.join();
+    CHILD_CHECK(seen);
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
+    CHILD_CHECK(s.conn->stats().bytes_sent_sinkavail == 0);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  char one;
+  ASSERT_EQ(read(queued[0], &one, 1), 1);
+  close(queued[0]);
+  close(queued[1]);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kBig);
+  EXPECT_EQ(CheckStream(buf.data(), 0, kBig, 25, &scratch), -1);
+  EXPECT_EQ(c->stats().sinkavail_sent, 1u);
+  EXPECT_EQ(c->stats().sinkavail_void, 1u);
+  EXPECT_EQ(c->stats().bytes_recv_srcavail, kBig);
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink reads one SrcAvail in many small pieces (its buffers are smaller
+// than the advert): every byte once, all by RDMA read.
+TEST_P(SdpCancelTest, SinkReadsASrcAvailInSmallPieces) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 26);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  std::vector<uint8_t> piece(1000), scratch;
+  size_t off = 0;
+  while (off < kBig) {
+    auto k = c->Recv(piece.data(), piece.size(), 0, Deadline());
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_GT(*k, 0u);
+    ASSERT_EQ(CheckStream(piece.data(), off, *k, 26, &scratch), -1) << "at " << off;
+    off += *k;
+  }
+  EXPECT_EQ(c->stats().bytes_recv_srcavail, kBig);
+  auto eof = c->Recv(piece.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The source's registration is revoked while its SrcAvail is outstanding
+// (as a free() of a heap neighbour does): the sink's read is refused, it
+// answers SendSmall and the source sends the rest by bcopy, byte-exact.
+// On ofi a refused remote access ends the connection (as on an RC queue
+// pair; docs/provider-interface.md), so there is no fallback to exercise.
+bool RefusalEndsConnection(const std::string& config) { return config.rfind("ofi", 0) == 0; }
+
+TEST_P(SdpCancelTest, RevokedSourceFallsBackToBcopy) {
+  if (RefusalEndsConnection(GetParam().config)) {
+    GTEST_SKIP() << "a refused RDMA access ends an ofi connection: no fallback to test";
+  }
+  int revoked[2];
+  ASSERT_EQ(pipe(revoked), 0);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 27);
+    std::thread revoker([&] {
+      WaitFor(s.engine.get(), [&] { return s.conn->stats().srcavail_sent >= 1; });
+      s.engine->fabric()->rcache().Invalidate(buf.data(), buf.size());
+      char one = 1;
+      CHILD_CHECK(write(revoked[1], &one, 1) == 1);
+    });
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    revoker.join();
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().sendsmall == 1);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  char one;
+  ASSERT_EQ(read(revoked[0], &one, 1), 1);  // the key is revoked before we read
+  close(revoked[0]);
+  close(revoked[1]);
+  EXPECT_EQ(ReadStream(c.get(), kBig, 27), "");
+  EXPECT_EQ(c->stats().rdma_fallbacks, 1u);
+  EXPECT_EQ(c->stats().bytes_recv_srcavail, 0u);
+  // The rest came by Data, or into a SinkAvail of this side.
+  EXPECT_EQ(c->stats().bytes_recv_bcopy + c->stats().bytes_recv_sinkavail, kBig);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink's registration is revoked while its SinkAvail is outstanding:
+// the source's RDMA write is refused, it voids the SinkAvail by sending the
+// bytes as Data, and the sink receives them in the same place, byte-exact.
+TEST_P(SdpCancelTest, RevokedSinkFallsBackToBcopy) {
+  if (RefusalEndsConnection(GetParam().config)) {
+    GTEST_SKIP() << "a refused RDMA access ends an ofi connection: no fallback to test";
+  }
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    char one;
+    CHILD_CHECK(read(go[0], &one, 1) == 1);
+    CHILD_CHECK(WaitFor(s.engine.get(), [&] { return s.conn->stats().sinkavail_received >= 1; }));
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 28);
+    std::string err = SendAll(s.conn.get(), buf, 0);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_CHECK(s.conn->stats().rdma_fallbacks >= 1);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  std::thread revoker([&] {
+    WaitFor(engine_.get(), [&] { return c->stats().sinkavail_sent >= 1; });
+    absl::SleepFor(absl::Milliseconds(50));  // the SinkAvail is registered by now
+    engine_->fabric()->rcache().Invalidate(buf.data(), buf.size());
+    char one = 1;
+    EXPECT_EQ(write(go[1], &one, 1), 1);
+  });
+  auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
+  revoker.join();
+  close(go[0]);
+  close(go[1]);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kBig);
+  EXPECT_EQ(CheckStream(buf.data(), 0, kBig, 28, &scratch), -1);
+  EXPECT_GE(c->stats().sinkavail_void, 1u);  // later SinkAvails may race the Data too
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, SdpCancelTest, ::testing::ValuesIn(AllParams()), ParamName);
+
+INSTANTIATE_TEST_SUITE_P(Providers, SdpTest, ::testing::ValuesIn(AllParams()), ParamName);
+
+}  // namespace
+}  // namespace zsock::sdp
