@@ -33,6 +33,7 @@ void CompletionQueue::Push(Completion c) {
   {
     MutexLock lock(&mu_);
     ready_.push_back(std::move(c));
+    ready_size_.store(ready_.size(), std::memory_order_release);
     wake = armed_;
     armed_ = false;
   }
@@ -48,7 +49,10 @@ void CompletionQueue::Wake() {
 }
 
 void CompletionQueue::DrainWake() {
-  if (wake_pending_.exchange(false, std::memory_order_acq_rel)) {
+  // A plain load first: the common case (nothing pending) costs no
+  // read-modify-write on a shared line.
+  if (wake_pending_.load(std::memory_order_relaxed) &&
+      wake_pending_.exchange(false, std::memory_order_acq_rel)) {
     uint64_t v;
     while (::read(wake_fd_, &v, sizeof(v)) == sizeof(v)) {}
   }
@@ -57,12 +61,16 @@ void CompletionQueue::DrainWake() {
 size_t CompletionQueue::Poll(std::span<Completion> out) {
   DrainWake();
   Progress();
+  // An empty queue takes no lock (a stale zero costs one poll; Push
+  // publishes the size after appending).
+  if (ready_size_.load(std::memory_order_acquire) == 0) return 0;
   MutexLock lock(&mu_);
   size_t n = 0;
   while (n < out.size() && !ready_.empty()) {
     out[n++] = std::move(ready_.front());
     ready_.pop_front();
   }
+  ready_size_.store(ready_.size(), std::memory_order_release);
   return n;
 }
 

@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "core/provider.h"
 
 namespace zsock {
@@ -51,7 +51,7 @@ class Emulation {
   void Finish(std::span<const uint8_t> msg);
 
   Endpoint* ep_;
-  absl::Mutex mu_;
+  Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
 };

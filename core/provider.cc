@@ -138,7 +138,7 @@ std::string FabricSpec::ToString() const {
 
 namespace {
 struct Registry {
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<std::unique_ptr<ProviderInfo>> providers ABSL_GUARDED_BY(mu);
 };
 Registry& GetRegistry() {

@@ -36,7 +36,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "absl/time/time.h"
 
 namespace zsock {
@@ -190,8 +190,9 @@ class CompletionQueue {
  private:
   void DrainWake();
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<Completion> ready_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> ready_size_{0};  // ready_.size(), readable without mu_
   bool armed_ ABSL_GUARDED_BY(mu_) = false;  // a waiter may sleep on wait_fd
   int wake_fd_ = -1;
   std::atomic<bool> wake_pending_{false};
@@ -332,7 +333,7 @@ class Fabric {
   void ReleaseCache();
 
  private:
-  absl::Mutex rcache_mu_;
+  Mutex rcache_mu_;
   std::unique_ptr<RegistrationCache> rcache_ ABSL_GUARDED_BY(rcache_mu_);
 };
 

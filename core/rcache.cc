@@ -70,47 +70,35 @@ namespace {
 // released while it is registered.
 constexpr int kMaxAttempts = 8;
 
-// Debian's absl::Mutex is built without ThreadSanitizer annotations, so TSan
-// cannot see its happens-before edges; these guards annotate them (no-ops
-// in other builds). Both also bypass the memory hooks while the lock is held:
-// the bypass member is constructed before locking and destroyed after
-// unlocking.
+// Guards for the cache's SharedMutex that also bypass the memory hooks
+// while the lock is held: the bypass member is constructed before locking
+// and destroyed after unlocking.
 class ABSL_SCOPED_LOCKABLE WriterLock {
  public:
-  explicit WriterLock(absl::Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu)
-      : mu_(mu) {
+  explicit WriterLock(SharedMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
     mu_->Lock();
-    ABSL_ANNOTATE_RWLOCK_ACQUIRED(mu_, 1);
   }
-  ~WriterLock() ABSL_UNLOCK_FUNCTION() {
-    ABSL_ANNOTATE_RWLOCK_RELEASED(mu_, 1);
-    mu_->Unlock();
-  }
+  ~WriterLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
   WriterLock(const WriterLock&) = delete;
   WriterLock& operator=(const WriterLock&) = delete;
 
  private:
   ScopedMemoryHookBypass bypass_;
-  absl::Mutex* const mu_;
+  SharedMutex* const mu_;
 };
 
 class ABSL_SCOPED_LOCKABLE ReaderLock {
  public:
-  explicit ReaderLock(absl::Mutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu)
-      : mu_(mu) {
+  explicit ReaderLock(SharedMutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu) : mu_(mu) {
     mu_->ReaderLock();
-    ABSL_ANNOTATE_RWLOCK_ACQUIRED(mu_, 0);
   }
-  ~ReaderLock() ABSL_UNLOCK_FUNCTION() {
-    ABSL_ANNOTATE_RWLOCK_RELEASED(mu_, 0);
-    mu_->ReaderUnlock();
-  }
+  ~ReaderLock() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }
   ReaderLock(const ReaderLock&) = delete;
   ReaderLock& operator=(const ReaderLock&) = delete;
 
  private:
   ScopedMemoryHookBypass bypass_;
-  absl::Mutex* const mu_;
+  SharedMutex* const mu_;
 };
 
 uintptr_t PageSize() {

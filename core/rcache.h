@@ -42,7 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "core/provider.h"
 
 namespace zsock {
@@ -114,7 +114,7 @@ class RegistrationCache {
   RegisterFn register_;
   RcacheLimits limits_;
   int hook_id_ = -1;
-  mutable absl::Mutex mu_;
+  mutable SharedMutex mu_;
   // Keyed by start address; entries never overlap each other.
   Index by_addr_ ABSL_GUARDED_BY(mu_);
   std::list<Entry*> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent

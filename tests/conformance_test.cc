@@ -24,6 +24,8 @@
 #include "absl/time/clock.h"
 #include "core/provider.h"
 #include "core/rcache.h"
+#include "core/sockaddr.h"
+#include "core/status.h"
 #include "gtest/gtest.h"
 #include "tests/conformance_configs.h"
 
@@ -217,6 +219,39 @@ TEST_P(Conformance, ConnectAcceptAndExchange) {
   ASSERT_TRUE(SendBlob(ep.get(), "hello from parent").ok());
   EXPECT_EQ(Reap(child), 0);
   EXPECT_FALSE(ep->info().peer_address.empty());
+}
+
+// Every provider takes socket addresses (the sockets layer's form): port 0
+// picks a free port that address() reports, a port in use is refused with
+// EADDRINUSE, and a peer connects to the reported IP:PORT.
+TEST_P(Conformance, ListensAndConnectsOnSocketAddresses) {
+  auto l = fabric_->Listen("127.0.0.1:0");
+  ASSERT_TRUE(l.ok()) << l.status();
+  auto addr = ParseSocketAddress((*l)->address());
+  ASSERT_TRUE(addr.ok()) << (*l)->address() << ": " << addr.status();
+  EXPECT_NE(addr->port(), 0) << (*l)->address();
+  EXPECT_TRUE(addr->is_loopback()) << (*l)->address();
+  auto again = fabric_->Listen((*l)->address());
+  ASSERT_FALSE(again.ok()) << "a second listener on " << (*l)->address();
+  EXPECT_EQ(StatusErrno(again.status()), EADDRINUSE) << again.status();
+
+  const std::string target = (*l)->address();
+  pid_t child = Spawn([&] {
+    auto fabric = Fabric::Open(GetParam());
+    CHILD_OK(fabric.status());
+    auto cq = (*fabric)->CreateCq();
+    CHILD_OK(cq.status());
+    auto ep = (*fabric)->Connect(target, cq->get(), kOpTimeout);
+    CHILD_OK(ep.status());
+    CHILD_OK(SendBlob(ep->get(), "over a socket address"));
+    return 0;
+  });
+  auto ep = (*l)->Accept(cq_.get(), kOpTimeout);
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  auto msg = RecvBlob(ep->get());
+  ASSERT_TRUE(msg.ok()) << msg.status();
+  EXPECT_EQ(*msg, "over a socket address");
+  EXPECT_EQ(Reap(child), 0);
 }
 
 // Sizes from 0 B to 16 MiB, around the inline and buffer limits, each

@@ -320,7 +320,7 @@ class OfiCq final : public CompletionQueue {
   OfiFabric* fabric_;
   Fd timer_;  // for providers without a CQ wait object: wakes every 1 ms
   Fd epoll_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<OfiEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> check_liveness_{false};
   std::atomic<int64_t> last_liveness_ns_{0};
@@ -342,7 +342,7 @@ class OfiFabric final : public Fabric {
   fi_info* info() const { return info_; }
   fid_domain* domain() const { return domain_; }
   fid_fabric* fabric() const { return fabric_; }
-  absl::Mutex& dom_mu() { return dom_mu_; }
+  Mutex& dom_mu() { return dom_mu_; }
   bool atomics_native() const { return atomics_native_; }
   // Remote addresses are virtual addresses when the provider reports
   // FI_MR_VIRT_ADDR, offsets into the registration otherwise (fi_mr(3)).
@@ -447,11 +447,11 @@ class OfiFabric final : public Fabric {
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
-  absl::Mutex dom_mu_;
+  Mutex dom_mu_;
   bool atomics_native_ = false;
   Capabilities caps_;
   std::atomic<uint64_t> next_key_{1};
-  absl::Mutex regs_mu_;
+  Mutex regs_mu_;
   absl::flat_hash_map<uintptr_t, Reg> regs_ ABSL_GUARDED_BY(regs_mu_);
 };
 

@@ -172,7 +172,7 @@ class Catalog {
   std::set<std::string> ucp_variables_;
   std::vector<std::string> transports_;
   std::vector<std::string> prefixes_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<void*> uct_configs_ ABSL_GUARDED_BY(mu_);
 };
 

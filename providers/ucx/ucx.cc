@@ -491,7 +491,7 @@ class ForkGuard {
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   int live_ ABSL_GUARDED_BY(mu_) = 0;
   pid_t pid_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -896,7 +896,7 @@ class Worker {
   void Track(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.insert(op); }
   void Untrack(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.erase(op); }
 
-  absl::Mutex mu;
+  Mutex mu;
   absl::flat_hash_map<uint32_t, std::shared_ptr<EpCore>> eps ABSL_GUARDED_BY(mu);
 
  private:
@@ -997,11 +997,11 @@ class UcxCq final : public CompletionQueue {
   Fd event_;
   Fd timer_;  // backoff while UCX is busy with nothing to progress
   std::atomic<int64_t> backoff_ns_{kMinBackoffNs};
-  absl::Mutex mute_mu_;
+  Mutex mute_mu_;
   std::vector<int> muted_ ABSL_GUARDED_BY(mute_mu_);  // worker fds taken out of epoll_
   std::atomic<bool> pushed_{false};  // delivered from outside Progress since it ran
   std::atomic<bool> armed_{false};   // a waiter may sleep on wait_fd
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<UcxEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -1453,11 +1453,11 @@ class UcxFabric final : public Fabric {
   ucp_mem_h table_memh_ = nullptr;
   size_t table_map_len_ = 0;  // when mmap'ed instead
   std::string table_rkey_;
-  absl::Mutex slot_mu_;
+  Mutex slot_mu_;
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(slot_mu_);
-  absl::Mutex ctx_mu_;  // ucp_mem_map / unmap / rkey_pack on the primary context
+  Mutex ctx_mu_;  // ucp_mem_map / unmap / rkey_pack on the primary context
 
-  absl::Mutex worker_mu_;
+  Mutex worker_mu_;
   std::shared_ptr<Context> fallback_ctx_ ABSL_GUARDED_BY(worker_mu_);
   std::unique_ptr<Worker> primary_worker_ ABSL_GUARDED_BY(worker_mu_);
   std::unique_ptr<Worker> fallback_worker_ ABSL_GUARDED_BY(worker_mu_);
@@ -1465,7 +1465,7 @@ class UcxFabric final : public Fabric {
   std::atomic<Worker*> fallback_{nullptr};
   std::atomic<uint32_t> next_id_{1};
 
-  absl::Mutex cq_mu_;
+  Mutex cq_mu_;
   std::vector<UcxCq*> cqs_ ABSL_GUARDED_BY(cq_mu_);
 };
 

@@ -175,19 +175,29 @@ class RingConsumer {
  public:
   RingConsumer() = default;
   RingConsumer(Slot* slots, uint32_t entries) : slots_(slots), mask_(entries - 1) {}
+  RingConsumer& operator=(const RingConsumer& o) {
+    slots_ = o.slots_;
+    mask_ = o.mask_;
+    pos_.store(o.pos_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    return *this;
+  }
+  // Only the owner (holding its lock) may Release; Peek may also be called
+  // without that lock as a hint (pos_ is atomic for that).
   Slot* Peek() const {
-    Slot* s = &slots_[pos_ & mask_];
-    return s->seq.load(std::memory_order_acquire) == pos_ + 1 ? s : nullptr;
+    const uint64_t pos = pos_.load(std::memory_order_relaxed);
+    Slot* s = &slots_[pos & mask_];
+    return s->seq.load(std::memory_order_acquire) == pos + 1 ? s : nullptr;
   }
   void Release(Slot* s) {
-    s->seq.store(pos_ + mask_ + 1, std::memory_order_release);
-    ++pos_;
+    const uint64_t pos = pos_.load(std::memory_order_relaxed);
+    s->seq.store(pos + mask_ + 1, std::memory_order_release);
+    pos_.store(pos + 1, std::memory_order_relaxed);
   }
 
  private:
   Slot* slots_ = nullptr;
   uint64_t mask_ = 0;
-  uint64_t pos_ = 0;
+  std::atomic<uint64_t> pos_{0};
 };
 
 }  // namespace zsock::unet

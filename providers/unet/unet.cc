@@ -25,6 +25,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,6 +47,7 @@
 #include "core/mutex.h"
 #include "core/log.h"
 #include "core/provider.h"
+#include "core/sockaddr.h"
 #include "core/status.h"
 #include "providers/unet/segment.h"
 
@@ -52,6 +55,10 @@ namespace zsock::unet {
 namespace {
 
 constexpr size_t kMaxMessage = size_t{1} << 30;
+// Completions gathered under a lock and pushed after it; inline storage
+// keeps the per-message path free of heap allocations.
+using Completions = absl::InlinedVector<Completion, 4>;
+
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
 
 // ---------------------------------------------------------------- helpers
@@ -505,7 +512,7 @@ class UnetCq final : public CompletionQueue {
   UnetCq(Fd event, Fd epoll) : event_(std::move(event)), epoll_(std::move(epoll)) {}
   Fd event_;
   Fd epoll_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<UnetEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> check_liveness_{false};
   std::atomic<int64_t> last_liveness_ns_{0};
@@ -671,9 +678,9 @@ class UnetFabric final : public Fabric {
   Fd key_fd_;
   Mapping key_map_;
   std::unique_ptr<PrivateSlot[]> own_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex ep_mu_;
+  Mutex ep_mu_;
   std::vector<std::pair<UnetEndpoint*, int>> endpoints_ ABSL_GUARDED_BY(ep_mu_);
   std::vector<SharedSeg> shared_ ABSL_GUARDED_BY(ep_mu_);
   uint32_t next_shm_id_ ABSL_GUARDED_BY(ep_mu_) = 1;
@@ -819,6 +826,7 @@ class UnetEndpoint final : public Endpoint {
     if (closed_) return ClosedError();
     if (dead_ && (rx_abandoned_ || !rx_pending_locked())) return dead_status_;
     posted_.push_back({static_cast<uint8_t*>(buf), len, context});
+    UpdateHintsLocked();
     // A message may already wait for this receive while another thread
     // sleeps on the CQ: wake it to match them.
     if (rx_user_.Peek() != nullptr) cq_->Wake();
@@ -856,7 +864,7 @@ class UnetEndpoint final : public Endpoint {
   }
 
   void Close() override {
-    std::vector<Completion> failed;
+    Completions failed;
     {
       MutexLock lock(&mu_);
       if (closed_) return;
@@ -921,7 +929,7 @@ class UnetEndpoint final : public Endpoint {
                        "split the message");
     }
     bool notify = false;
-    std::vector<Completion> done;
+    Completions done;
     {
       MutexLock lock(&mu_);
       if (closed_) return ClosedError();
@@ -931,6 +939,7 @@ class UnetEndpoint final : public Endpoint {
       auto& q = type == kControlMsg ? ctlq_ : sendq_;
       q.push_back(std::move(ps));
       if (q.size() == 1) notify = PushSendsLocked(&done);
+      UpdateHintsLocked();
     }
     if (notify) Notify();
     for (auto& c : done) cq_->Push(std::move(c));
@@ -939,7 +948,7 @@ class UnetEndpoint final : public Endpoint {
 
   // Moves pending sends into the peer's rings as far as descriptors and
   // buffers allow. Returns whether anything was published.
-  bool PushSendsLocked(std::vector<Completion>* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool PushSendsLocked(Completions* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool published = PushQueueLocked(&ctlq_, done);
     published |= PushQueueLocked(&sendq_, done);
     return published;
@@ -947,7 +956,7 @@ class UnetEndpoint final : public Endpoint {
 
   // Moves one queue's messages into the peer's rings (user and control
   // messages use separate rings and buffer pools, so neither blocks the other).
-  bool PushQueueLocked(std::deque<PendingSend>* queue, std::vector<Completion>* done)
+  bool PushQueueLocked(std::deque<PendingSend>* queue, Completions* done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool published = false;
     const uint32_t bufsize = p_.tx_layout.buffer_size;
@@ -1116,7 +1125,7 @@ class UnetEndpoint final : public Endpoint {
   }
 
   // Matches user messages to posted receives.
-  size_t DrainUserLocked(std::vector<Completion>* done)
+  size_t DrainUserLocked(Completions* done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     size_t n = 0;
     while (!posted_.empty()) {
@@ -1169,7 +1178,22 @@ class UnetEndpoint final : public Endpoint {
     return n;
   }
 
+  void UpdateHintsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    hint_busy_.store(!sendq_.empty() || !ctlq_.empty() || dead_, std::memory_order_relaxed);
+    hint_posted_.store(!posted_.empty(), std::memory_order_relaxed);
+  }
+
+  // Whether Progress may have anything to do, read without the lock: a
+  // stale answer costs one poll (the next sees the update), and sleeping is
+  // decided by ArmAndCheck under the lock, so no wakeup is lost.
+  bool MayHaveWork() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (hint_busy_.load(std::memory_order_relaxed)) return true;
+    if (rx_ctl_.Peek() != nullptr) return true;
+    return hint_posted_.load(std::memory_order_relaxed) && rx_user_.Peek() != nullptr;
+  }
+
   void MarkDeadLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    hint_busy_.store(true, std::memory_order_relaxed);
     // After a protocol violation nothing more is read from the peer's rings.
     if (why.code() == absl::StatusCode::kDataLoss) rx_abandoned_ = true;
     if (dead_) return;
@@ -1190,7 +1214,7 @@ class UnetEndpoint final : public Endpoint {
   }
 
   // Fails queued sends (user ones report; control ones are core's).
-  void FailSendsLocked(const absl::Status& why, std::vector<Completion>* out)
+  void FailSendsLocked(const absl::Status& why, Completions* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto& ps : sendq_) {
       if (ps.type == kUserMsg) out->push_back(Failed(ps.context, OpType::kSend, why));
@@ -1200,7 +1224,7 @@ class UnetEndpoint final : public Endpoint {
   }
 
   // Fails every queued operation with `why`.
-  void FlushLocked(const absl::Status& why, std::vector<Completion>* out)
+  void FlushLocked(const absl::Status& why, Completions* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     FailSendsLocked(why, out);
     for (auto& r : posted_) out->push_back(Failed(r.context, OpType::kRecv, why));
@@ -1367,7 +1391,7 @@ class UnetEndpoint final : public Endpoint {
   absl::flat_hash_map<uint32_t, PeerShm> peer_shm_ ABSL_GUARDED_BY(mu_);
   SegmentHeader* rx_hdr_;
   SegmentHeader* tx_hdr_;
-  absl::Mutex mu_;
+  Mutex mu_;
   RingConsumer<Desc> rx_user_ ABSL_GUARDED_BY(mu_);
   RingConsumer<Desc> rx_ctl_ ABSL_GUARDED_BY(mu_);
   RingProducer<FreeSlot> rx_user_free_ ABSL_GUARDED_BY(mu_);
@@ -1388,11 +1412,16 @@ class UnetEndpoint final : public Endpoint {
   bool dead_sends_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool rx_abandoned_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status dead_status_ ABSL_GUARDED_BY(mu_);
+  // Hints read without mu_ by Progress's fast path (an empty poll takes no
+  // lock); written under mu_ by UpdateHintsLocked.
+  std::atomic<bool> hint_busy_{false};    // queued sends, or dead
+  std::atomic<bool> hint_posted_{false};  // receives are posted
 };
 
 size_t UnetEndpoint::Progress(bool check_liveness) {
+  if (!check_liveness && !MayHaveWork()) return 0;
   std::vector<std::vector<uint8_t>> control;
-  std::vector<Completion> done;
+  Completions done;
   absl::Status emulated_failure;
   size_t n = 0;
   bool notify = false;
@@ -1435,6 +1464,7 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
       }
       n += done.size();
     }
+    UpdateHintsLocked();
   }
   if (notify) Notify();
   for (auto& c : done) cq_->Push(std::move(c));
@@ -1492,7 +1522,12 @@ void UnetCq::Detach(UnetEndpoint* ep, int watch_fd, int pidfd) {
 
 size_t UnetCq::Progress() {
   bool check = check_liveness_.exchange(false, std::memory_order_relaxed);
-  int64_t now = absl::GetCurrentTimeNanos();
+  // CLOCK_MONOTONIC_COARSE: a vDSO read of the tick time, a few ns; the
+  // liveness interval is milliseconds, so tick precision is plenty (absl's
+  // GetCurrentTimeNanos was a tenth of an empty poll).
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  int64_t now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
   if (now - last_liveness_ns_.load(std::memory_order_relaxed) > kLivenessIntervalNs) {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
@@ -1515,8 +1550,11 @@ bool UnetCq::ArmProvider() {
 
 class UnetListener final : public Listener {
  public:
-  UnetListener(UnetFabric* fabric, Fd sock, std::string address)
-      : fabric_(fabric), sock_(std::move(sock)), address_(std::move(address)) {}
+  UnetListener(UnetFabric* fabric, Fd sock, std::string address, Fd reservation)
+      : fabric_(fabric),
+        sock_(std::move(sock)),
+        address_(std::move(address)),
+        reservation_(std::move(reservation)) {}
 
   std::string address() const override { return address_; }
   int fd() const override { return sock_.get(); }
@@ -1535,14 +1573,40 @@ class UnetListener final : public Listener {
   UnetFabric* fabric_;
   Fd sock_;
   std::string address_;
+  Fd reservation_;  // kernel TCP socket holding the port of an IP:PORT address
 };
+
+// The unet name behind a socket address: unet reaches only this host, so
+// the port alone names the listener (the IP only has to be local).
+std::string PortName(uint16_t port) { return absl::StrCat("port/", port); }
 
 absl::StatusOr<std::unique_ptr<Listener>> UnetFabric::Listen(absl::string_view address) {
   std::string name(address);
+  std::string shown;
+  Fd reservation;
   if (name.empty()) {
     static std::atomic<uint32_t> counter{0};
     name = absl::StrCat("auto-", getpid(), "-", counter.fetch_add(1));
+  } else if (auto sa = ParseSocketAddress(address); sa.ok()) {
+    // IP:PORT (the sockets layer's form). A kernel TCP socket bound to the
+    // same address reserves the port, so port 0 gets a free one and a port
+    // in use by kernel TCP or another zsock listener is refused the way
+    // bind(2) refuses it.
+    reservation.reset(::socket(sa->family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!reservation) return ErrnoError(errno, "socket() to reserve a unet port failed");
+    if (::bind(reservation.get(), sa->get(), sa->len) != 0) {
+      int err = errno;
+      return ErrnoError(err, absl::StrCat("binding unet address ", address, " failed"),
+                        err == EADDRINUSE      ? "the port is in use on this host; pick another"
+                        : err == EADDRNOTAVAIL ? "use an address of this host (unet is host-local)"
+                                               : "");
+    }
+    shown = BoundAddress(reservation.get());
+    auto bound = ParseSocketAddress(shown);
+    if (!bound.ok()) return bound.status();
+    name = PortName(bound->port());
   }
+  if (shown.empty()) shown = name;
   socklen_t len;
   auto sa = MakeAddr(name, &len);
   if (!sa.ok()) return sa.status();
@@ -1555,14 +1619,29 @@ absl::StatusOr<std::unique_ptr<Listener>> UnetFabric::Listen(absl::string_view a
                                           : "");
   }
   if (::listen(fd, 1024) != 0) return ErrnoError(errno, "listen on a unet socket failed");
-  return std::unique_ptr<Listener>(new UnetListener(this, std::move(sock), name));
+  return std::unique_ptr<Listener>(
+      new UnetListener(this, std::move(sock), shown, std::move(reservation)));
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Connect(absl::string_view address,
                                                              CompletionQueue* cq,
                                                              absl::Duration timeout) {
+  std::string name(address);
+  if (auto ip = ParseSocketAddress(address); ip.ok()) {
+    if (ip->port() == 0 || ip->is_wildcard() || !IsLocalAddress(*ip)) {
+      return MakeError(absl::StatusCode::kUnavailable,
+                       ip->port() == 0 ? EINVAL : EHOSTUNREACH,
+                       absl::StrCat("unet cannot connect to ", address,
+                                    ip->port() == 0 ? ": port 0"
+                                                    : ": not an address of this host (unet "
+                                                      "reaches processes on this host only)"),
+                       "connect to a listening IP:PORT of this host, or use ofi:tcp;ofi_rxm or "
+                       "ucx:tcp for other hosts");
+    }
+    name = PortName(ip->port());
+  }
   socklen_t len;
-  auto sa = MakeAddr(address, &len);
+  auto sa = MakeAddr(name, &len);
   if (!sa.ok()) return sa.status();
   absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(1);
