@@ -1627,6 +1627,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Connect(absl::string_view 
                                                              CompletionQueue* cq,
                                                              absl::Duration timeout) {
   std::string name(address);
+  // A socket address with no listener is refused at once, as TCP refuses
+  // it; a unet name is retried until the deadline (its listener may still be
+  // starting, the usual case in tests and launchers).
+  bool refuse_fast = false;
   if (auto ip = ParseSocketAddress(address); ip.ok()) {
     if (ip->port() == 0 || ip->is_wildcard() || !IsLocalAddress(*ip)) {
       return MakeError(absl::StatusCode::kUnavailable,
@@ -1639,6 +1643,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Connect(absl::string_view 
                        "ucx:tcp for other hosts");
     }
     name = PortName(ip->port());
+    refuse_fast = true;
   }
   socklen_t len;
   auto sa = MakeAddr(name, &len);
@@ -1653,7 +1658,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Connect(absl::string_view 
       return Handshake(std::move(sock), "", std::string(address), cq, deadline);
     }
     int err = errno;
-    if ((err != ECONNREFUSED && err != ENOENT && err != EAGAIN) || absl::Now() + backoff > deadline) {
+    if ((err != ECONNREFUSED && err != ENOENT && err != EAGAIN) ||
+        (refuse_fast && err != EAGAIN) || absl::Now() + backoff > deadline) {
+      if (refuse_fast && err == ENOENT) err = ECONNREFUSED;
       return ErrnoError(err, absl::StrCat("connecting to unet address '", address, "' failed"),
                         err == ECONNREFUSED || err == ENOENT
                             ? "start a listener on that address first (same host and network namespace)"
