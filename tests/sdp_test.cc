@@ -5,6 +5,7 @@
 // parent opens its engine (fabric + CQ) and listener, then forks; children
 // open their own engine and leave with _exit; no endpoint exists at fork.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -428,10 +429,21 @@ TEST_P(SdpTest, PeerKilledMidTransferFailsBlockedCalls) {
   });
   std::vector<uint8_t> buf(1 << 20);
   size_t got = 0;
+  absl::Status early;
   while (got < (size_t{8} << 20)) {
     auto r = c->Recv(buf.data(), buf.size(), 0, Deadline());
-    ASSERT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) {
+      early = r.status();
+      break;
+    }
     got += *r;
+  }
+  if (!early.ok()) {
+    kill(child, SIGKILL);
+    c->Abort();
+    w.join();
+    Reap(child);
+    FAIL() << "before the kill: " << early;
   }
   kill(child, SIGKILL);
   absl::Time killed = absl::Now();
@@ -452,6 +464,51 @@ TEST_P(SdpTest, PeerKilledMidTransferFailsBlockedCalls) {
   EXPECT_TRUE(StatusErrno(writer_status) == ECONNRESET || StatusErrno(writer_status) == EPIPE)
       << writer_status;
   EXPECT_EQ(Reap(child), -SIGKILL);
+}
+
+// With a progress thread, a connection progresses while the application
+// sleeps: the readiness callback fires (as the sockets layer will mirror it
+// onto a real fd) without any call into the engine.
+TEST_P(SdpTest, ProgressThreadFiresReadinessWhileTheAppSleeps) {
+  pid_t child = Spawn([&] {
+    ChildSide s;
+    auto e = Engine::Create({GetParam().config, /*progress_thread=*/true});
+    CHILD_OK(e.status());
+    s.engine = std::move(*e);
+    auto c = s.engine->Connect(listener_->address(), Options(), Deadline());
+    CHILD_OK(c.status());
+    s.conn = std::move(*c);
+    absl::Mutex mu;
+    bool readable = false;
+    s.conn->SetReadinessCallback([&](uint32_t r) {
+      absl::MutexLock l(&mu);
+      if (r & kReadable) readable = true;
+    });
+    uint8_t go = 1;
+    CHILD_OK(s.conn->Send(&go, 1, 0, Deadline()).status());
+    {
+      // Sleep without calling the engine until the callback reports data.
+      absl::MutexLock l(&mu);
+      CHILD_CHECK(mu.AwaitWithTimeout(absl::Condition(&readable), absl::Seconds(30)));
+    }
+    std::string err = ReadStream(s.conn.get(), 100000, 31);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  uint8_t go = 0;
+  auto g = c->Recv(&go, 1, 0, Deadline());
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::SleepFor(absl::Milliseconds(100));  // the child is asleep by now
+  std::vector<uint8_t> buf(100000);
+  FillStream(buf.data(), 0, buf.size(), 31);
+  ASSERT_TRUE(c->Send(buf.data(), buf.size(), 0, Deadline()).ok());
+  ASSERT_TRUE(c->Shutdown(SHUT_WR).ok());
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
 }
 
 // Each malformed message aborts only its own connection.
@@ -526,6 +583,9 @@ TEST_P(SdpTest, MalformedHeadersAbortOnlyThatConnection) {
   auto r = good->Send(buf.data(), buf.size(), 0, Deadline());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(good->Shutdown(SHUT_WR).ok());
+  auto eof = good->Recv(buf.data(), 1, 0, Deadline());  // the child's Close
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
   EXPECT_GE(engine_->stats().protocol_aborts, n);
   EXPECT_EQ(Reap(child), 0);
 }
@@ -548,11 +608,287 @@ TEST_P(SdpTest, NonBlockingCallsReturnWouldBlock) {
   EXPECT_FALSE(c->readiness() & kReadable);
   EXPECT_TRUE(c->readiness() & kWritable);
   ASSERT_TRUE(c->Send(b, sizeof(b), MSG_DONTWAIT).ok());
-  // MSG_PEEK on our side after the child's Close arrives: end of stream.
-  EXPECT_EQ(Reap(child), 0);
+  // The child closes: MSG_PEEK sees the end of stream (and acknowledges the
+  // DisconnReq the child's Close waits for).
   auto eof = c->Recv(b, sizeof(b), MSG_PEEK, Deadline());
-  EXPECT_TRUE(!eof.ok() || *eof == 0);
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
 }
+
+// ---- ZCopy cancel races, each forced (test hooks and deadlines) and
+// checked byte-exact. They run in the zcopy instantiation only.
+
+// Page-aligned, page-granular buffers: no heap neighbour shares their pages,
+// so no free() elsewhere revokes their registration (a heap buffer's zero-copy
+// transfer falls back to bcopy when that happens, which would make these
+// tests take another path than the one they force).
+struct PageBuf {
+  explicit PageBuf(size_t n) : n_(n) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~PageBuf() {
+    if (p_ != nullptr) munmap(p_, n_);
+  }
+  uint8_t* data() { return p_; }
+  size_t size() const { return n_; }
+  uint8_t* p_;
+  size_t n_;
+};
+
+class SdpCancelTest : public SdpTest {
+ protected:
+  void SetUp() override {
+    if (GetParam().mode != Mode::kZcopy) GTEST_SKIP() << "zero-copy races: zcopy mode only";
+    SdpTest::SetUp();
+  }
+  // Re-listens with options carrying a hold hook for the accepted side.
+  void ListenHolding(MessageId held) {
+    ConnectionOptions o = Options();
+    o.test_hold = [held](MessageId m) { return m != held; };
+    auto l = engine_->Listen("", o);
+    ASSERT_TRUE(l.ok()) << l.status();
+    listener_ = std::move(*l);
+  }
+};
+
+// Waits (making progress) until pred() or 30 s.
+bool WaitFor(Engine* e, const std::function<bool()>& pred) {
+  absl::Time end = absl::Now() + absl::Seconds(30);
+  while (!pred()) {
+    if (absl::Now() > end) return false;
+    e->Poll();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+constexpr size_t kBig = 1 << 20;
+
+// Sends stream bytes [0, total) whatever the partial results; returns "".
+std::string SendAll(Connection* c, PageBuf& buf, size_t from) {
+  size_t off = from;
+  while (off < buf.size()) {
+    auto r = c->Send(buf.data() + off, buf.size() - off, 0, Deadline());
+    if (!r.ok()) return r.status().ToString();
+    off += *r;
+  }
+  return "";
+}
+
+// The source gives up before the sink reads: SrcAvailCancel, answered by
+// RdmaRdCompl(CancelReply, 0); the source resends; nothing is lost or
+// duplicated.
+TEST_P(SdpCancelTest, SourceGivesUpBeforeTheSinkReads) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 21);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, absl::Now() + absl::Milliseconds(300));
+    size_t sent = 0;
+    if (r.ok()) {
+      sent = *r;
+    } else {
+      CHILD_CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
+    }
+    CHILD_CHECK(s.conn->stats().srcavail_cancels == 1);
+    std::string err = SendAll(s.conn.get(), buf, sent);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  absl::SleepFor(absl::Seconds(1));  // not reading: the source's deadline passes
+  EXPECT_EQ(ReadStream(c.get(), kBig, 21), "");
+  EXPECT_GE(c->stats().cancels_received, 1u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The cancel crosses the sink's final RdmaRdCompl (held by a hook until the
+// cancel arrived): the sink answers CancelReply(0) after it; the source
+// counts every byte once and its Send returns them all.
+TEST_P(SdpCancelTest, CancelCrossesTheFinalReadCompletion) {
+  ListenHolding(MessageId::kRdmaRdCompl);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 22);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, absl::Now() + absl::Milliseconds(500));
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().srcavail_cancels == 1);
+    CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  // Peek first (a peek never announces a SinkAvail), so the data comes by
+  // the child's SrcAvail.
+  auto p = c->Recv(buf.data(), 1, MSG_PEEK, Deadline());
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kBig);
+  EXPECT_EQ(CheckStream(buf.data(), 0, kBig, 22, &scratch), -1);
+  ASSERT_TRUE(WaitFor(engine_.get(), [&] { return c->stats().cancels_received >= 1; }));
+  c->TestReleaseHeld();
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink gives up before the source writes: SinkAvailCancel answered by
+// SinkCancelAck; the data then comes another way, byte-exact.
+TEST_P(SdpCancelTest, SinkGivesUpBeforeTheSourceWrites) {
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    char go;
+    auto g = s.conn->Recv(&go, 1, 0, Deadline());  // progresses: acks the cancel
+    CHILD_OK(g.status());
+    CHILD_CHECK(*g == 1);
+    CHILD_CHECK(s.conn->stats().sinkavail_received == 1);
+    CHILD_CHECK(s.conn->stats().cancels_received == 1);
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 23);
+    std::string err = SendAll(s.conn.get(), buf, 0);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  auto r = c->Recv(buf.data(), buf.size(), 0, absl::Now() + absl::Milliseconds(300));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_EQ(c->stats().sinkavail_sent, 1u);
+  EXPECT_EQ(c->stats().sinkavail_cancels, 1u);
+  char go = 1;
+  ASSERT_TRUE(c->Send(&go, 1, 0, Deadline()).ok());
+  EXPECT_EQ(ReadStream(c.get(), kBig, 23), "");
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// The sink's cancel crosses the source's write (its RdmaWrCompl held by a
+// hook until the cancel arrived): the sink takes the written bytes, the ack
+// follows the completion; every byte arrives once.
+TEST_P(SdpCancelTest, SinkCancelCrossesTheWrite) {
+  pid_t child = Spawn([&] {
+    ConnectionOptions o = Options();
+    o.test_hold = [](MessageId m) { return m != MessageId::kRdmaWrCompl; };
+    ChildSide s = ChildConnect(o);
+    CHILD_CHECK(WaitFor(s.engine.get(), [&] { return s.conn->stats().sinkavail_received >= 1; }));
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 24);
+    auto r = s.conn->Send(buf.data(), buf.size(), 0, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(s.conn->stats().bytes_sent_sinkavail == *r);
+    CHILD_CHECK(WaitFor(s.engine.get(), [&] { return s.conn->stats().cancels_received >= 1; }));
+    s.conn->TestReleaseHeld();
+    std::string err = SendAll(s.conn.get(), buf, *r);
+    if (!err.empty()) ChildFail(__LINE__, err);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  auto r = c->Recv(buf.data(), buf.size(), 0, absl::Now() + absl::Seconds(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_GT(*r, 0u);
+  EXPECT_EQ(CheckStream(buf.data(), 0, *r, 24, &scratch), -1);
+  EXPECT_EQ(c->stats().sinkavail_cancels, 1u);
+  EXPECT_EQ(c->stats().bytes_recv_sinkavail, *r);
+  // The rest of the stream follows.
+  size_t off = *r;
+  while (off < kBig) {
+    auto k = c->Recv(buf.data(), kBig - off, 0, Deadline());
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_GT(*k, 0u);
+    ASSERT_EQ(CheckStream(buf.data(), off, *k, 24, &scratch), -1);
+    off += *k;
+  }
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Both announce at once: the source's SrcAvail (held by a hook) and the
+// sink's SinkAvail cross; the source voids the SinkAvail, the sink voids it
+// on seeing the SrcAvail, and the data goes by RDMA read, byte-exact.
+TEST_P(SdpCancelTest, SrcAvailAndSinkAvailCross) {
+  int queued[2];
+  ASSERT_EQ(pipe(queued), 0);
+  pid_t child = Spawn([&] {
+    ConnectionOptions o = Options();
+    o.test_hold = [](MessageId m) { return m != MessageId::kSrcAvail; };
+    ChildSide s = ChildConnect(o);
+    PageBuf buf(kBig);
+    FillStream(buf.data(), 0, buf.size(), 25);
+    absl::StatusOr<size_t> r;
+    std::thread sender([&] { r = s.conn->Send(buf.data(), buf.size(), 0, Deadline()); });
+    // Tell the parent once the SrcAvail is queued (and held): its SinkAvail
+    // then certainly crosses it.
+    bool queued_ok = WaitFor(s.engine.get(), [&] { return s.conn->stats().srcavail_sent >= 1; });
+    char one = 1;
+    CHILD_CHECK(write(queued[1], &one, 1) == 1);
+    CHILD_CHECK(queued_ok);
+    bool seen = WaitFor(s.engine.get(), [&] { return s.conn->stats().sinkavail_received >= 1; });
+    s.conn->TestReleaseHeld();
+    sender.join();
+    CHILD_CHECK(seen);
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kBig);
+    CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
+    CHILD_CHECK(s.conn->stats().bytes_sent_sinkavail == 0);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  char one;
+  ASSERT_EQ(read(queued[0], &one, 1), 1);
+  close(queued[0]);
+  close(queued[1]);
+  PageBuf buf(kBig);
+  std::vector<uint8_t> scratch;
+  auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kBig);
+  EXPECT_EQ(CheckStream(buf.data(), 0, kBig, 25, &scratch), -1);
+  EXPECT_EQ(c->stats().sinkavail_sent, 1u);
+  EXPECT_EQ(c->stats().sinkavail_void, 1u);
+  EXPECT_EQ(c->stats().bytes_recv_srcavail, kBig);
+  auto eof = c->Recv(buf.data(), 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, SdpCancelTest, ::testing::ValuesIn(AllParams()), ParamName);
 
 INSTANTIATE_TEST_SUITE_P(Providers, SdpTest, ::testing::ValuesIn(AllParams()), ParamName);
 

@@ -6,6 +6,7 @@ packages=(
   bazel-bootstrap bazel-platforms g++ python3 iproute2
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libucx-dev libibverbs-dev librdmacm-dev
+  clang-14 libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -75,6 +75,7 @@ struct ConnState {
   absl::Status error;
   bool local_abort = false;
   bool shut_wr = false;       // DisconnReq queued
+  uint32_t shut_mseq = 0;     // mseq of our DisconnReq once posted
   bool shut_rd = false;
   bool peer_shut_wr = false;  // DisconnReq received
   bool peer_aborted = false;  // AbortConn received

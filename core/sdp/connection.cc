@@ -480,6 +480,7 @@ void ConnState::Process(int buf, size_t len) {
     }
     case MessageId::kSrcAvailCancel: {
       auto r = std::get<wire::AdvertRef>(m.body);
+      stats.cancels_received++;
       if (r.advert != last_src_advert) {
         ProtocolError(Violation(h, absl::StrCat("cancels SrcAvail ", r.advert,
                                                 ", not the last one received")));
@@ -505,6 +506,7 @@ void ConnState::Process(int buf, size_t len) {
     }
     case MessageId::kSinkAvailCancel: {
       auto r = std::get<wire::AdvertRef>(m.body);
+      stats.cancels_received++;
       if (r.advert != last_sink_advert) {
         ProtocolError(Violation(h, absl::StrCat("cancels SinkAvail ", r.advert,
                                                 ", not the last one received")));
@@ -542,6 +544,7 @@ void ConnState::Process(int buf, size_t len) {
       }
       peer_shut_wr = true;
       VoidSinkAvail();
+      credit_update_pending = true;  // acknowledges it at once (Close waits for that)
       break;
     case MessageId::kAbortConn: {
       uint32_t reason = std::get<wire::Abort>(m.body).reason;
@@ -642,6 +645,8 @@ bool ConnState::PostItem(TxItem& item) {
   } else if (item.mid == MessageId::kSinkAvail) {
     sink.id = h.mseq;
     sink.posted = true;
+  } else if (item.mid == MessageId::kDisconnReq) {
+    shut_mseq = h.mseq;
   }
   auto st = ep->Send(p, len, tx.mr.get(), MakeCtx(id, kCtxTx, slot));
   if (!st.ok()) {
@@ -885,14 +890,26 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             st = c->write_status;
           }
           c->sink_in.writing = false;
-          if (!st.ok()) {
-            c->ProtocolError(MakeError(absl::StatusCode::kAborted, EIO,
-                                       absl::StrCat("RDMA write into the peer's SinkAvail failed: ",
-                                                    st.message()),
-                                       "check the provider's RDMA support"));
-            return partial(c->error);
-          }
           uint32_t sid = c->sink_in.id;
+          if (!c->error.ok()) return partial(c->error);
+          if (!st.ok()) {
+            // The sink's registration went away (its memory was released or
+            // the key refused): void the SinkAvail by sending these bytes as
+            // Data, which the sink copies over whatever the failed write
+            // left in the same place (docs/protocol.md, "SinkAvail").
+            ZS_LOG(kInfo, "sdp: RDMA write into SinkAvail %u failed (%s); sending by bcopy", sid,
+                   st.ToString().c_str());
+            bool cancel = c->sink_in.cancel_requested;
+            c->sink_in.valid = false;
+            size_t a = c->AppendData(q, std::min(rem, c->tx_size - wire::kHeaderSize));
+            if (cancel) {
+              c->QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{sid}});
+            }
+            off += a;
+            total += a;
+            c->TryTransmit();
+            continue;
+          }
           c->QueueData(wire::Message{{MessageId::kRdmaWrCompl},
                                      wire::Completed{sid, static_cast<uint32_t>(k)}});
           if (c->sink_in.cancel_requested) {
@@ -1092,7 +1109,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
         if (!st.ok()) {
           // The source sends the rest by BCopy (RdmaRdCompl + SendSmall).
-          ZS_LOG(kWarn, "sdp: RDMA read of SrcAvail %u failed (%s); asking for bcopy", advert,
+          ZS_LOG(kInfo, "sdp: RDMA read of SrcAvail %u failed (%s); asking for bcopy", advert,
                  st.ToString().c_str());
           uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : wire::kFlagSendSmall;
           c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl}, wire::Completed{advert, 0}});
@@ -1255,7 +1272,12 @@ absl::Status Connection::Close() {
       c->QueueShutdownWr();
       bool flushed = engine_->WaitLocked(
           [&] {
-            return !c->error.ok() || (c->dataq.empty() && c->ctlq.empty() && c->tx_inflight == 0);
+            // Everything left and the peer acknowledged our DisconnReq (a
+            // provider may drop messages still in flight when the endpoint
+            // closes).
+            return !c->error.ok() ||
+                   (c->dataq.empty() && c->ctlq.empty() && c->tx_inflight == 0 &&
+                    c->shut_mseq != 0 && static_cast<int32_t>(c->peer_ack - c->shut_mseq) >= 0);
           },
           absl::Now() + c->opt.linger);
       if (!flushed) {

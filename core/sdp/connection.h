@@ -93,6 +93,7 @@ struct ConnectionStats {
   uint64_t sinkavail_cancels = 0;      // SinkAvailCancel sent
   uint64_t sinkavail_void = 0;         // SinkAvails overtaken by data
   uint64_t sinkavail_received = 0;     // peer's SinkAvails seen (source side)
+  uint64_t cancels_received = 0;       // SrcAvailCancel + SinkAvailCancel seen
 };
 
 class Connection {

@@ -1,7 +1,12 @@
 #include "core/sdp/engine.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/base/dynamic_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   auto cq = (*fabric)->CreateCq();
   if (!cq.ok()) return cq.status();
   std::unique_ptr<Engine> e(new Engine());
+  e->notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   e->fabric_ = std::move(*fabric);
   e->cq_ = std::move(*cq);
   if (options.progress_thread) {
@@ -76,7 +82,49 @@ EngineStats Engine::stats() const {
 
 void Engine::NotifyLocked() {
   cv_.SignalAll();
-  if (leader_) cq_->Wake();
+  if (leader_ && notify_fd_) {
+    uint64_t one = 1;
+    ssize_t rc = ::write(notify_fd_.get(), &one, sizeof(one));
+    (void)rc;  // EAGAIN: already signalled
+  }
+}
+
+// The leader's wait: like CompletionQueue::Wait (spin for spin_us, then
+// sleep on the CQ's fd), but also woken by NotifyLocked through the
+// engine's own eventfd, so a local state change another thread makes (a
+// shutdown, a release) ends the sleep at once.
+size_t Engine::LeadWait(std::span<Completion> out, absl::Time until) {
+  static const int64_t spin_ns = [] {
+    const auto& config = Config::Global();
+    return config.ok() ? config->GetInt("spin_us") * 1000 : int64_t{20000};
+  }();
+  const int64_t start = absl::GetCurrentTimeNanos();
+  for (;;) {
+    if (size_t n = cq_->Poll(out); n > 0) return n;
+    if (absl::GetCurrentTimeNanos() - start >= spin_ns) break;
+  }
+  for (;;) {
+    absl::Time now = absl::Now();
+    if (now >= until) return 0;
+    if (cq_->Arm()) {
+      pollfd pfd[2] = {{cq_->wait_fd(), POLLIN, 0}, {notify_fd_.get(), POLLIN, 0}};
+      int ms = static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(until - now) + 1, 1000));
+      int rc = ::poll(pfd, notify_fd_ ? 2 : 1, ms);
+      if (rc < 0 && errno != EINTR) {
+        ZS_LOG(kWarn, "sdp: poll on the completion queue fd failed: %s", std::strerror(errno));
+      }
+      bool notified = notify_fd_ && (pfd[1].revents & POLLIN);
+      if (notified) {
+        uint64_t v;
+        while (::read(notify_fd_.get(), &v, sizeof(v)) == sizeof(v)) {}
+      }
+      if (size_t n = cq_->Poll(out); n > 0) return n;
+      if (notified) return 0;  // let the caller re-check its condition
+    } else {
+      if (size_t n = cq_->Poll(out); n > 0) return n;
+    }
+  }
 }
 
 void Engine::NoteReadinessLocked(ConnState* c) {
@@ -123,16 +171,11 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline) {
       ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
       mu_.Unlock();
       Completion comps[32];
-      auto n = cq_->Wait(std::span<Completion>(comps, 32), until - now);
+      size_t n = LeadWait(std::span<Completion>(comps, 32), until);
       mu_.Lock();
       ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
       leader_ = false;
-      if (!n.ok()) {
-        ZS_LOG(kWarn, "sdp: waiting on the completion queue failed: %s",
-               n.status().ToString().c_str());
-      } else {
-        for (size_t i = 0; i < *n; ++i) DispatchLocked(comps[i]);
-      }
+      for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
       cv_.SignalAll();
       if (!callbacks_.empty()) {
         ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);

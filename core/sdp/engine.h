@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/fd.h"
 #include "core/provider.h"
 #include "core/sdp/connection.h"
 
@@ -109,10 +111,12 @@ class Engine {
   // Runs queued callbacks; call without mu_.
   void RunCallbacks() ABSL_LOCKS_EXCLUDED(mu_);
   void ProgressThread();
+  size_t LeadWait(std::span<Completion> out, absl::Time until);
   void RemoveLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<Fabric> fabric_;
   std::unique_ptr<CompletionQueue> cq_;
+  Fd notify_fd_;  // wakes the leader's sleep on local state changes
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   bool leader_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,6 +3,7 @@
 #ifndef ZSOCK_CORE_SDP_WIRE_TEST_UTIL_H_
 #define ZSOCK_CORE_SDP_WIRE_TEST_UTIL_H_
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,15 @@ inline Advert SampleAdvert(MessageId mid) {
   a.length = 4096;
   a.stream_pos = 12345;
   a.key = SampleKey(mid == MessageId::kSrcAvail ? kRemoteRead : kRemoteWrite);
-  a.key_bytes = a.key.Serialize();
+  // RemoteKey v1 bytes (docs/provider-interface.md), written out here so the
+  // fuzz seed generator needs no provider code.
+  a.key_bytes.assign(kKeyHeader + a.key.blob.size(), '\0');
+  a.key_bytes[0] = 1;
+  a.key_bytes[1] = static_cast<char>(a.key.blob.size());
+  std::memcpy(&a.key_bytes[4], &a.key.access, 4);
+  std::memcpy(&a.key_bytes[8], &a.key.addr, 8);
+  std::memcpy(&a.key_bytes[16], &a.key.length, 8);
+  std::memcpy(&a.key_bytes[kKeyHeader], a.key.blob.data(), a.key.blob.size());
   return a;
 }
 
