@@ -4,6 +4,13 @@
 //
 //   bazel run -c opt //bench:provider_bench -- --provider=unet --sizes=8,4096,1048576
 //
+// Two hosts (e.g. verbs over a real fabric; docs/verbs.md):
+//   host A: provider_bench --provider=verbs:mlx5_0 --role=server --address=10.0.0.1:7471
+//   host B: provider_bench --provider=verbs:mlx5_0 --role=client --address=10.0.0.1:7471
+//
+// Each process opens its own fabric after the fork (providers such as verbs
+// do not survive fork: docs/provider-interface.md, "Fork").
+//
 // One-way latency = round trip / 2 (p50, p99, average). Stream bandwidth is
 // bytes delivered per second with `window` sends outstanding, 10^9 B/s.
 // This is the foundation's demo; the full benchmark suite (SDP modes, the
@@ -36,6 +43,10 @@ ABSL_FLAG(int, iters, 20000, "ping-pong round trips per size (fewer for large si
 ABSL_FLAG(int64_t, stream_bytes, int64_t{1} << 30, "bytes streamed per size");
 ABSL_FLAG(int, window, 32, "stream: sends outstanding");
 ABSL_FLAG(bool, baseline_tcp, true, "also run kernel TCP over loopback");
+ABSL_FLAG(std::string, role, "both",
+          "both: server and client on this host; server / client: one side of a two-host run");
+ABSL_FLAG(std::string, address, "", "server: address to listen on (\"\" = the provider's choice); "
+          "client: the server's address");
 
 namespace zsock {
 namespace {
@@ -276,14 +287,44 @@ int Main(int argc, char** argv) {
   }
   const std::string config = absl::GetFlag(FLAGS_provider);
   const int window = absl::GetFlag(FLAGS_window);
-  auto fabric = Fabric::Open(config);
-  if (!fabric.ok()) Die(fabric.status().ToString());
-  auto listener = (*fabric)->Listen("");
-  if (!listener.ok()) Die(listener.status().ToString());
-  std::string address = (*listener)->address();
-  std::fprintf(stderr, "running %s ...\n", config.c_str());
-  auto zs = RunPair([&] { ProviderServer(config, listener->get(), fabric->get(), sizes, window); },
-                    [&] { return ProviderClient(config, address, sizes, window); });
+  const std::string role = absl::GetFlag(FLAGS_role);
+  // The server opens its fabric in its own process: one that listens.
+  auto serve = [&](int address_fd) {
+    auto fabric = Fabric::Open(config);
+    if (!fabric.ok()) Die(fabric.status().ToString());
+    auto listener = (*fabric)->Listen(absl::GetFlag(FLAGS_address));
+    if (!listener.ok()) Die(listener.status().ToString());
+    std::string address = (*listener)->address() + "\n";
+    if (::write(address_fd, address.data(), address.size()) != static_cast<ssize_t>(address.size())) {
+      Die("writing the listener address");
+    }
+    ProviderServer(config, listener->get(), fabric->get(), sizes, window);
+  };
+  if (role == "server") {
+    std::fprintf(stderr, "serving %s; run the client with --address=", config.c_str());
+    serve(STDERR_FILENO);
+    return 0;
+  }
+  if (role != "both" && role != "client") Die("--role is both, server or client");
+  std::vector<Result> zs;
+  if (role == "client") {
+    if (absl::GetFlag(FLAGS_address).empty()) Die("--role=client needs --address=<server address>");
+    zs = ProviderClient(config, absl::GetFlag(FLAGS_address), sizes, window);
+  } else {
+    int pipefd[2];
+    if (::pipe(pipefd) != 0) Die("pipe");
+    std::fprintf(stderr, "running %s ...\n", config.c_str());
+    zs = RunPair([&] { ::close(pipefd[0]); serve(pipefd[1]); },
+                 [&] {
+                   ::close(pipefd[1]);
+                   std::string address;
+                   char ch;
+                   while (::read(pipefd[0], &ch, 1) == 1 && ch != '\n') address += ch;
+                   ::close(pipefd[0]);
+                   if (address.empty()) Die("the server process did not start");
+                   return ProviderClient(config, address, sizes, window);
+                 });
+  }
   std::vector<Result> tcp;
   if (absl::GetFlag(FLAGS_baseline_tcp)) {
     std::fprintf(stderr, "running kernel TCP (loopback, TCP_NODELAY) ...\n");

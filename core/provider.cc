@@ -162,7 +162,7 @@ std::vector<const ProviderInfo*> RegisteredProviders() {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Open(absl::string_view config) {
+absl::StatusOr<const ProviderInfo*> FindProvider(absl::string_view config, FabricSpec* out) {
   const auto& global = Config::Global();
   if (!global.ok()) return global.status();
   std::string text(config);
@@ -171,7 +171,10 @@ absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Open(absl::string_view config) {
   if (!spec.ok()) return spec.status();
   std::vector<std::string> names;
   for (const ProviderInfo* p : RegisteredProviders()) {
-    if (p->name == spec->provider) return p->open(*spec);
+    if (p->name == spec->provider) {
+      if (out != nullptr) *out = *std::move(spec);
+      return p;
+    }
     names.push_back(p->name);
   }
   return MakeError(absl::StatusCode::kNotFound, 0,
@@ -179,6 +182,13 @@ absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Open(absl::string_view config) {
                    absl::StrCat("use one of the providers built into this binary: ",
                                 absl::StrJoin(names, ", "),
                                 " (zsock_info lists them with their status)"));
+}
+
+absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Open(absl::string_view config) {
+  FabricSpec spec;
+  auto info = FindProvider(config, &spec);
+  if (!info.ok()) return info.status();
+  return (*info)->open(spec);
 }
 
 Fabric::Fabric() = default;

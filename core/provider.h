@@ -359,6 +359,11 @@ struct ProviderInfo {
 // Registers a provider; called from a static initializer in each provider.
 bool RegisterProvider(ProviderInfo info);
 std::vector<const ProviderInfo*> RegisteredProviders();
+// The registered provider a config string names (config "" = ZSOCK_PROVIDER /
+// the config file), without opening it; NotFound names the providers built
+// into this binary. Fabric::Open uses it, so the messages are the same.
+absl::StatusOr<const ProviderInfo*> FindProvider(absl::string_view config,
+                                                 FabricSpec* spec = nullptr);
 
 }  // namespace zsock
 

@@ -6,7 +6,10 @@ packages=(
   bazel-bootstrap bazel-platforms g++ python3 iproute2
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libucx-dev libibverbs-dev librdmacm-dev
+  # tools/fuzz_sdp.sh: libFuzzer
   clang-14 libclang-rt-14-dev
+  # bench: plots (zsock_bench --plot) and the peers of bench/compare_peers.sh
+  gnuplot-nox libfabric-bin ucx-utils
 )
 missing=()
 for p in "${packages[@]}"; do
