@@ -122,6 +122,9 @@ class Sockets : public ::testing::TestWithParam<Param> {
     setenv("ZSOCK_MODE", std::get<1>(GetParam()).c_str(), 1);
     // Make zcopy happen at test sizes.
     setenv("ZSOCK_ZCOPY_THRESHOLD", "16384", 1);
+    // Many connections set up at once on a loaded 2-core machine (ofi's
+    // per-connection endpoints are slow to make): allow a minute.
+    setenv("ZSOCK_CONNECT_TIMEOUT_MS", "60000", 1);
   }
 
   // A listening socket on 127.0.0.1:<free port>; exits kSkipExit if the
@@ -182,7 +185,9 @@ class Sockets : public ::testing::TestWithParam<Param> {
 // the client streams to the server, which echoes; the client reads the echo
 // in another thread with random read sizes.
 TEST_P(Sockets, EchoBothWaysByteExact) {
-  const bool big = std::get<0>(GetParam()).rfind("unet", 0) == 0;
+  // 256 MiB where RDMA is native and local (unet with cross-memory
+  // attach), 32 MiB where it is emulated or goes through a network stack.
+  const bool big = std::get<0>(GetParam()) == "unet";
   const uint64_t total = big ? (uint64_t{256} << 20) : (uint64_t{32} << 20);
   RunPair(
       [&](int l) {
@@ -342,7 +347,10 @@ TEST_P(Sockets, ConnectRefused) {
           int err = 0;
           socklen_t len = sizeof(err);
           CHECK_C(zs_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0);
-          CHECK_C(err == ECONNREFUSED);
+          if (err != ECONNREFUSED) {
+            errno = err;
+            Die(__LINE__, "SO_ERROR is not ECONNREFUSED");
+          }
         } else {
           CHECK_C(rc == -1 && errno == ECONNREFUSED);
         }
@@ -355,7 +363,9 @@ TEST_P(Sockets, ConnectRefused) {
 // (non-blocking connects, all in flight at once).
 TEST_P(Sockets, EpollEchoServerManyClients) {
   const std::string config = std::get<0>(GetParam());
-  const int clients = config.rfind("unet", 0) == 0 ? 256 : 64;
+  // ofi sets up a libfabric endpoint, CQ and address vector per connection
+  // (docs/ofi.md): 64 there, 256 elsewhere.
+  const int clients = config.rfind("ofi", 0) == 0 ? 64 : 256;
   constexpr size_t kMsg = 3000;
   RunPair(
       [&](int l) {
