@@ -439,7 +439,19 @@ TEST_P(Conformance, DeniedCrossMemoryAttachFallsBack) {
       return 0;
     }
     CHILD_CHECK(write(pipefd[1], &ok, 1) == 1);
-    ChildConn c = ChildConnect();
+    ChildConn c;
+    auto fabric = Fabric::Open(GetParam());
+    CHILD_OK(fabric.status());
+    c.fabric = std::move(*fabric);
+    auto cq = c.fabric->CreateCq();
+    CHILD_OK(cq.status());
+    c.cq = std::move(*cq);
+    auto ep = c.fabric->Connect(listener_->address(), c.cq.get(), kOpTimeout);
+    // A provider that cannot connect peers of different users (ofi:shm)
+    // must say so, as a precondition, on both sides.
+    if (ep.status().code() == absl::StatusCode::kFailedPrecondition) return 3;
+    CHILD_OK(ep.status());
+    c.ep = std::move(*ep);
     auto blob = RecvBlob(c.ep.get());
     CHILD_OK(blob.status());
     auto key = RemoteKey::Parse(*blob);
@@ -466,8 +478,14 @@ TEST_P(Conformance, DeniedCrossMemoryAttachFallsBack) {
     EXPECT_EQ(Reap(child), 0);
     GTEST_SKIP() << "setuid(65534) failed here (a user namespace without that uid?)";
   }
-  auto ep = AcceptOne();
-  ASSERT_NE(ep, nullptr);
+  auto accepted = listener_->Accept(cq_.get(), kOpTimeout);
+  if (!accepted.ok() && accepted.status().code() == absl::StatusCode::kFailedPrecondition) {
+    EXPECT_EQ(Reap(child), 3) << "only this side refused the peer of another user";
+    GTEST_SKIP() << "peers of different users cannot connect here, and both sides say so: "
+                 << accepted.status().message();
+  }
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  auto ep = std::move(*accepted);
   ASSERT_TRUE(SendBlob(ep.get(), (*mr)->remote_key().Serialize()).ok());
   auto how = RecvBlob(ep.get());
   ASSERT_TRUE(how.ok()) << how.status();

@@ -1,0 +1,263 @@
+// ofi provider specifics the conformance suite does not cover: how a
+// configuration string resolves to a libfabric provider, and the errors for
+// one that does not exist or cannot run here.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "core/provider.h"
+#include "core/rcache.h"
+#include "gtest/gtest.h"
+
+namespace zsock {
+namespace {
+
+TEST(OfiOpen, EmptySpecPicksWhatFiGetinfoOffersFirst) {
+  auto f = Fabric::Open("ofi:");
+  ASSERT_TRUE(f.ok()) << f.status();
+  // The resolved provider is reported, e.g. "tcp;ofi_rxm (FI_EP_RDM, domain eth0)".
+  EXPECT_TRUE(absl::StrContains((*f)->caps().spec, "FI_EP_")) << (*f)->caps().spec;
+  EXPECT_FALSE((*f)->caps().notes.empty());
+}
+
+TEST(OfiOpen, UnknownProviderListsWhatIsOffered) {
+  auto f = Fabric::Open("ofi:nosuchfabric");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "fi_getinfo")) << f.status();
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "libfabric offers: ")) << f.status();
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "tcp")) << f.status();
+}
+
+TEST(OfiOpen, VerbsWithoutDeviceIsUnavailableWithTheReason) {
+  if (access("/sys/class/infiniband", F_OK) == 0) GTEST_SKIP() << "this host has RDMA devices";
+  for (const char* config : {"ofi:verbs", "ofi:verbs;ofi_rxm"}) {
+    auto f = Fabric::Open(config);
+    ASSERT_FALSE(f.ok()) << config;
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kUnavailable) << f.status();
+    EXPECT_TRUE(absl::StrContains(f.status().message(), "no RDMA device")) << f.status();
+  }
+}
+
+TEST(OfiOpen, UnknownOptionIsRefused) {
+  auto f = Fabric::Open("ofi:tcp?colour=blue");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "iface=")) << f.status();
+}
+
+TEST(OfiOpen, ConfigurationsResolveToTheirEndpointTypes) {
+  auto msg = Fabric::Open("ofi:tcp?iface=lo");
+  ASSERT_TRUE(msg.ok()) << msg.status();
+  EXPECT_TRUE(absl::StrContains((*msg)->caps().spec, "FI_EP_MSG")) << (*msg)->caps().spec;
+  EXPECT_EQ((*msg)->caps().atomics, Support::kEmulated);  // tcp has no FI_ATOMIC
+  auto shm = Fabric::Open("ofi:shm");
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_TRUE(absl::StrContains((*shm)->caps().spec, "FI_EP_RDM")) << (*shm)->caps().spec;
+  EXPECT_EQ((*shm)->caps().rdma_read, Support::kEmulated);
+  EXPECT_FALSE((*shm)->caps().wait_fd);
+}
+
+// Connecting where nobody listens is retried until the timeout, then fails
+// saying so, on both connection paths.
+TEST(OfiConnect, NoListenerFailsAfterTheTimeoutWithAHint) {
+  for (const char* config : {"ofi:tcp?iface=lo", "ofi:tcp;ofi_rxm?iface=lo"}) {
+    auto fabric = Fabric::Open(config);
+    ASSERT_TRUE(fabric.ok()) << fabric.status();
+    auto cq = (*fabric)->CreateCq();
+    ASSERT_TRUE(cq.ok());
+    std::string address;
+    {
+      auto listener = (*fabric)->Listen("");
+      ASSERT_TRUE(listener.ok()) << listener.status();
+      address = (*listener)->address();
+    }  // closed: nothing listens there now
+    const absl::Time start = absl::Now();
+    auto ep = (*fabric)->Connect(address, cq->get(), absl::Milliseconds(300));
+    ASSERT_FALSE(ep.ok()) << config;
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(200)) << config << ": not retried";
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << config;
+    EXPECT_TRUE(absl::StrContains(ep.status().message(), "listener")) << config << ": " << ep.status();
+  }
+}
+
+// Two endpoints of one fabric, connected in one process.
+//
+// BlockedWaitDoesNotSpin: a thread blocked in Wait on a connected but idle
+// endpoint sleeps: it uses a small fraction of a core (shm, without a CQ
+// wait object, wakes at most every millisecond), whichever way the provider
+// signals.
+class OfiPair : public ::testing::TestWithParam<std::string> {};
+
+double ThreadCpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_THREAD, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+TEST_P(OfiPair, BlockedWaitDoesNotSpin) {
+  auto fabric = Fabric::Open(GetParam());
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
+  std::thread acceptor([&] { accepted = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
+  auto ep = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  char buf[16];
+  ASSERT_TRUE((*ep)->PostRecv(buf, sizeof(buf), nullptr, 1).ok());
+  const double cpu0 = ThreadCpuSeconds();
+  const absl::Time t0 = absl::Now();
+  Completion c;
+  auto n = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1000));
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double cpu = ThreadCpuSeconds() - cpu0;
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 0u);
+  EXPECT_GE(wall, 0.9);
+  std::printf("%s: %.4f s CPU in %.3f s blocked\n", GetParam().c_str(), cpu, wall);
+  EXPECT_LT(cpu, 0.1 * wall) << GetParam() << ": a blocked wait used " << cpu << " s of CPU in "
+                              << wall << " s";
+}
+
+// What a peer sent before it closed gracefully is delivered, even to
+// receives posted after the close was seen; then the connection reports
+// the close.
+TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
+  auto fabric = Fabric::Open(GetParam());
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> b;
+  std::thread acceptor([&] { b = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
+  auto a = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  constexpr int kMessages = 5;
+  std::vector<std::string> out;
+  for (int i = 0; i < kMessages; ++i) out.push_back("message " + std::to_string(i));
+  for (int i = 0; i < kMessages; ++i) {
+    absl::Status st = (*a)->Send(out[i].data(), out[i].size(), nullptr, i);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  // Both sides progress (one thread; rxm and shm need the receiver's
+  // progress to finish a send) until every send completed; b posts nothing.
+  int sent = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (sent < kMessages && absl::Now() < deadline) {
+    Completion c;
+    if ((*cq_a)->Poll(std::span<Completion>(&c, 1)) == 1) {
+      ASSERT_TRUE(c.status.ok()) << c.status;
+      ++sent;
+    }
+    ASSERT_EQ((*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
+  }
+  ASSERT_EQ(sent, kMessages);
+  (*a)->Close();
+  // Let b notice the close before it posts anything.
+  absl::Time until = absl::Now() + absl::Milliseconds(300);
+  while (absl::Now() < until) {
+    Completion c;
+    ASSERT_EQ((*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(20)).value_or(0), 0u);
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    char buf[64] = {};
+    ASSERT_TRUE((*b)->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
+    Completion c;
+    auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+    ASSERT_TRUE(n.ok() && *n == 1) << i;
+    ASSERT_TRUE(c.status.ok()) << "message " << i << ": " << c.status;
+    EXPECT_EQ(std::string(buf, c.length), out[i]);
+  }
+  // Nothing more: the next receive fails (or cannot be posted) promptly.
+  char buf[64];
+  absl::Status st = (*b)->PostRecv(buf, sizeof(buf), nullptr, 200);
+  if (st.ok()) {
+    Completion c;
+    auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
+    ASSERT_TRUE(n.ok() && *n == 1) << "the close was never reported";
+    st = c.status;
+  }
+  EXPECT_FALSE(st.ok());
+}
+
+// Read, write and send from buffers passed without their region: with
+// mr_local=on (the FI_MR_LOCAL path) descriptors come from the registration
+// cache and are held until the operation completes.
+TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
+  auto fabric = Fabric::Open(GetParam());
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> b;
+  std::thread acceptor([&] { b = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
+  auto a = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<uint8_t> target(8192, 0);
+  auto mr = (*fabric)->RegisterMemory(target.data(), target.size(), kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  RemoteKey key = (*mr)->remote_key();
+  // One thread drives both sides until `a` reports one completion.
+  auto finish = [&]() -> absl::Status {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      Completion c;
+      if ((*cq_a)->Poll(std::span<Completion>(&c, 1)) == 1) return c.status;
+      (*cq_b)->Poll(std::span<Completion>(&c, 1));
+    }
+    return absl::DeadlineExceededError("no completion");
+  };
+  std::vector<uint8_t> out(5000), back(5000, 0);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_TRUE((*a)->Write(out.data(), out.size(), nullptr, key.addr + 100, key, 1).ok());
+  ASSERT_TRUE(finish().ok());
+  ASSERT_TRUE((*a)->Read(back.data(), back.size(), nullptr, key.addr + 100, key, 2).ok());
+  ASSERT_TRUE(finish().ok());
+  EXPECT_EQ(back, out);
+  EXPECT_EQ(std::vector<uint8_t>(target.begin() + 100, target.begin() + 5100), out);
+  char in[64] = {};
+  ASSERT_TRUE((*b)->PostRecv(in, sizeof(in), nullptr, 3).ok());
+  ASSERT_TRUE((*a)->Send("unregistered", 12, nullptr, 4).ok());
+  ASSERT_TRUE(finish().ok());
+  Completion c;
+  auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+  ASSERT_TRUE(n.ok() && *n == 1);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(std::string(in, c.length), "unregistered");
+  if (absl::StrContains(GetParam(), "mr_local=on")) {
+    EXPECT_TRUE((*fabric)->caps().registration_required);
+    EXPECT_GE((*fabric)->rcache().stats().misses, 1u) << "descriptors did not come from the cache";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
+                         ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm",
+                                           "ofi:tcp;ofi_rxm?iface=lo&mr_local=on",
+                                           "ofi:tcp?iface=lo&mr_local=on"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name;
+                           for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace zsock
