@@ -106,6 +106,7 @@ struct ConnState {
 
   // Peer parameters (from Hello/HelloAck).
   wire::Hello peer;
+  std::string peer_sockaddr;  // from the peer's kExtSocketAddress
 
   // Send side.
   Region hello;               // the active side's Hello, before tx exists

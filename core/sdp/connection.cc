@@ -17,6 +17,7 @@
 #include "core/rcache.h"
 #include "core/sdp/conn_state.h"
 #include "core/sdp/engine.h"
+#include "core/sockaddr.h"
 #include "core/status.h"
 
 namespace zsock::sdp {
@@ -122,6 +123,9 @@ absl::Status ConnState::Init() {
     h.buf_size = static_cast<uint32_t>(rx_size);
     h.max_bufs = static_cast<uint16_t>(rx_count);
     h.mode = opt.mode;
+    if (!opt.local_sockaddr.empty()) {
+      h.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
+    }
     m.body = h;
     size_t n = wire::Encode(m, std::span<uint8_t>(hello.base, hello.len));
     last_reported = rx_posted;
@@ -591,6 +595,15 @@ void ConnState::HandleHello(const wire::Message& m) {
     return;
   }
   peer = std::get<wire::Hello>(m.body);
+  for (const auto& e : peer.extensions) {
+    if (e.type != wire::kExtSocketAddress) continue;
+    if (auto a = ParseSocketAddress(e.value); a.ok()) {
+      peer_sockaddr = a->ToString();
+    } else {
+      ZS_LOG(kInfo, "sdp peer %s announced an unparseable socket address; ignored",
+             peer_address.c_str());
+    }
+  }
   if (auto st = SetUpTx(); !st.ok()) {
     Fail(st);
     return;
@@ -602,6 +615,9 @@ void ConnState::HandleHello(const wire::Message& m) {
     ack.buf_size = static_cast<uint32_t>(rx_size);
     ack.max_bufs = static_cast<uint16_t>(rx_count);
     ack.mode = opt.mode;
+    if (!opt.local_sockaddr.empty()) {
+      ack.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
+    }
     // The Hello's buffer is reposted after this message is built: count it.
     QueueCtl(wire::Message{{MessageId::kHelloAck}, ack});
   }
@@ -1363,6 +1379,11 @@ ConnectionOptions Connection::options() const {
   if (state_ == nullptr) return {};
   MutexLock lock(&engine_->mu_);
   return state_->opt;
+}
+
+std::string Connection::peer_socket_address() const {
+  MutexLock lock(&engine_->mu_);
+  return state_ != nullptr ? state_->peer_sockaddr : "";
 }
 
 std::string Connection::peer_address() const {

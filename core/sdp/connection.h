@@ -54,6 +54,9 @@ struct ConnectionOptions {
   Mode mode = Mode::kBcopy;     // kZcopy: SrcAvail/SinkAvail above threshold
   size_t zcopy_threshold = 128 << 10;  // docs/protocol.md, "Measured"
   absl::Duration linger = absl::Seconds(10);  // Close waits this long to flush
+  // This side's socket address, sent in the Hello / HelloAck (the peer's
+  // peer_socket_address()); "" sends none.
+  std::string local_sockaddr;
   // Test hook: called before each message is posted, with its id; returning
   // false holds it (and everything behind it in its queue) until
   // Connection::TestReleaseHeld. Used to force cancel races.
@@ -130,6 +133,8 @@ class Connection {
   absl::Status SetZcopyThreshold(size_t bytes);
   ConnectionOptions options() const;
   std::string peer_address() const;
+  // The socket address the peer announced in its Hello ("" if none).
+  std::string peer_socket_address() const;
   std::string local_address() const;
   // The error the connection failed with (OK while healthy).
   absl::Status error() const;

@@ -112,6 +112,10 @@ enum ExtensionType : uint16_t {
   // Reserved for AZ-SDP: the sender's lock-word table, u32 slot count then a
   // serialized RemoteKey granting remote atomics on count 8-byte words.
   kExtAzLockTable = 1,
+  // The sender's socket address as text ("IP:PORT", "[IPv6]:PORT"), as the
+  // SDP Hello header carries ports and IP addresses: the sockets layer's
+  // getpeername. Optional; a value that does not parse is ignored.
+  kExtSocketAddress = 2,
 };
 struct Extension {
   uint16_t type = 0;

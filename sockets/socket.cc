@@ -1,0 +1,749 @@
+// zsock::Socket: see socket.h.
+#include "sockets/socket.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/status.h"
+
+namespace zsock {
+namespace {
+
+// An error carrying errno `e` (and the status code that goes with it).
+absl::Status Err(int e, absl::string_view what, absl::string_view fix = {}) {
+  return ErrnoError(e, what, fix);
+}
+absl::Status ErrnoStatus(int e, absl::string_view what, absl::string_view fix = {}) {
+  return ErrnoError(e, what, fix);
+}
+
+bool WouldBlock(const absl::Status& s) {
+  int e = StatusErrno(s);
+  return e == EAGAIN || e == EWOULDBLOCK;
+}
+
+absl::Time DeadlineFrom(const timeval& tv) {
+  if (tv.tv_sec == 0 && tv.tv_usec == 0) return absl::InfiniteFuture();
+  return absl::Now() + absl::Seconds(tv.tv_sec) + absl::Microseconds(tv.tv_usec);
+}
+
+// The source address the kernel would use to reach `to` (connect on a UDP
+// socket sends nothing), with port 0.
+SocketAddress SourceFor(const SocketAddress& to) {
+  SocketAddress out;
+  Fd udp(::socket(to.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (udp && ::connect(udp.get(), to.get(), to.len) == 0) {
+    out.len = sizeof(out.storage);
+    if (::getsockname(udp.get(), reinterpret_cast<sockaddr*>(&out.storage), &out.len) == 0) {
+      out.set_port(0);
+      return out;
+    }
+  }
+  auto loop = ParseSocketAddress(to.family() == AF_INET6 ? "[::1]:0" : "127.0.0.1:0");
+  return loop.ok() ? *loop : out;
+}
+
+// Binds a kernel TCP socket to `addr` to hold its port (SO_REUSEADDR, never
+// listening: a provider's own listener may bind the port later). Updates
+// `addr` with the port the kernel picked for port 0.
+absl::StatusOr<Fd> ReservePort(SocketAddress* addr) {
+  Fd fd(::socket(addr->family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoStatus(errno, "socket() to reserve a port failed");
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), addr->get(), addr->len) != 0) {
+    int e = errno;
+    return ErrnoStatus(e, absl::StrCat("bind to ", addr->ToString(), " failed"),
+                       e == EADDRINUSE      ? "the port is in use; pick another or use port 0"
+                       : e == EADDRNOTAVAIL ? "use an address of this host"
+                                            : "");
+  }
+  auto bound = ParseSocketAddress(BoundAddress(fd.get()));
+  if (bound.ok()) addr->set_port(bound->port());
+  return fd;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ engine
+
+absl::StatusOr<sdp::Engine*> SocketEngine() {
+  static std::once_flag once;
+  static absl::StatusOr<sdp::Engine*>* result;
+  std::call_once(once, [] {
+    sdp::EngineOptions options;
+    options.progress_thread = true;  // fds stay live while the program sleeps in epoll
+    auto engine = sdp::Engine::Create(options);
+    if (engine.ok()) {
+      // Lives until exit: sockets may be used from atexit handlers and
+      // static destructors.
+      result = new absl::StatusOr<sdp::Engine*>(engine->release());
+    } else {
+      ZS_LOG(kError, "zsock sockets cannot start: %s", engine.status().ToString());
+      result = new absl::StatusOr<sdp::Engine*>(engine.status());
+    }
+  });
+  return *result;
+}
+
+// ------------------------------------------------------------ table
+
+namespace {
+
+struct Table {
+  SharedMutex mu;
+  std::vector<std::shared_ptr<Socket>> by_fd ABSL_GUARDED_BY(mu);
+};
+
+Table& GetTable() {
+  static Table* t = new Table;
+  return *t;
+}
+
+}  // namespace
+
+std::shared_ptr<Socket> FindSocket(int fd) {
+  if (fd < 0) return nullptr;
+  Table& t = GetTable();
+  t.mu.ReaderLock();
+  std::shared_ptr<Socket> s =
+      static_cast<size_t>(fd) < t.by_fd.size() ? t.by_fd[static_cast<size_t>(fd)] : nullptr;
+  t.mu.ReaderUnlock();
+  return s;
+}
+
+void AddSocket(std::shared_ptr<Socket> s) {
+  Table& t = GetTable();
+  t.mu.Lock();
+  size_t fd = static_cast<size_t>(s->fd());
+  if (fd >= t.by_fd.size()) t.by_fd.resize(std::max(fd + 1, t.by_fd.size() * 2));
+  t.by_fd[fd] = std::move(s);
+  t.mu.Unlock();
+}
+
+std::shared_ptr<Socket> RemoveSocket(int fd) {
+  if (fd < 0) return nullptr;
+  Table& t = GetTable();
+  t.mu.Lock();
+  std::shared_ptr<Socket> s;
+  if (static_cast<size_t>(fd) < t.by_fd.size()) s = std::move(t.by_fd[static_cast<size_t>(fd)]);
+  t.mu.Unlock();
+  return s;
+}
+
+// ------------------------------------------------------------ Socket
+
+Socket::Socket(int family, std::unique_ptr<ReadinessFd> rfd, bool nonblocking)
+    : family_(family), fd_(rfd->fd()), nonblocking_(nonblocking), rfd_(std::move(rfd)) {}
+
+Socket::~Socket() {
+  (void)Close();
+}
+
+absl::StatusOr<std::shared_ptr<Socket>> Socket::Create(int family, int flags) {
+  if (family != AF_INET && family != AF_INET6) {
+    return Err(EAFNOSUPPORT, absl::StrCat("zsock sockets are AF_INET or AF_INET6, not ", family));
+  }
+  auto engine = SocketEngine();
+  if (!engine.ok()) return engine.status();
+  auto rfd = ReadinessFd::Create((flags & SOCK_CLOEXEC) != 0);
+  if (!rfd.ok()) return rfd.status();
+  return std::shared_ptr<Socket>(
+      new Socket(family, std::move(*rfd), (flags & SOCK_NONBLOCK) != 0));
+}
+
+absl::StatusOr<std::shared_ptr<Socket>> Socket::FromConnection(
+    int family, std::unique_ptr<sdp::Connection> conn, int flags) {
+  auto rfd = ReadinessFd::Create((flags & SOCK_CLOEXEC) != 0);
+  if (!rfd.ok()) return rfd.status();
+  std::shared_ptr<Socket> s(new Socket(family, std::move(*rfd), (flags & SOCK_NONBLOCK) != 0));
+  MutexLock lock(&s->mu_);
+  s->Attach(std::shared_ptr<sdp::Connection>(std::move(conn)));
+  return s;
+}
+
+sdp::ConnectionOptions Socket::OptionsLocked() const {
+  sdp::ConnectionOptions o = sdp::ConnectionOptions::FromConfig();
+  // Linux reports twice what was set for SO_RCVBUF/SO_SNDBUF; zsock uses the
+  // value as given, with the engine's floor.
+  if (rcvbuf_ > 0) o.rcvbuf = std::max<size_t>(static_cast<size_t>(rcvbuf_), 4 * 1024);
+  if (sndbuf_ > 0) o.sndbuf = std::max<size_t>(static_cast<size_t>(sndbuf_), 4 * 1024);
+  if (o.buf_size * 4 > o.rcvbuf) o.buf_size = std::max<size_t>(o.rcvbuf / 4, 1024);
+  if (linger_.l_onoff) o.linger = absl::Seconds(linger_.l_linger);
+  if (mode_ >= 0) o.mode = mode_ == 1 ? sdp::Mode::kZcopy : sdp::Mode::kBcopy;
+  if (zcopy_threshold_ >= 0) o.zcopy_threshold = static_cast<size_t>(zcopy_threshold_);
+  return o;
+}
+
+void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
+  conn_ = conn;
+  state_ = State::kConnected;
+  if (peer_.len == 0) {
+    // The address the peer's socket announced in its SDP Hello; else the
+    // provider's view of the peer.
+    auto a = ParseSocketAddress(conn->peer_socket_address());
+    if (!a.ok()) a = ParseSocketAddress(conn->peer_address());
+    if (a.ok()) peer_ = *a;
+  }
+  std::weak_ptr<Socket> weak = weak_from_this();
+  conn->SetReadinessCallback([weak](uint32_t r) {
+    if (auto self = weak.lock()) self->OnReadiness(r);
+  });
+  OnReadiness(conn->readiness());
+}
+
+// The mirror only ever turns readiness on here; it is turned off by the
+// call that found nothing to do (MarkUnreadable / MarkUnwritable), so a
+// socket that stays busy costs no system calls (sockets/readiness.h).
+void Socket::OnReadiness(uint32_t r) {
+  MutexLock lock(&rfd_mu_);
+  if (!rfd_) return;
+  if (r & (sdp::kError | sdp::kHup)) {
+    rfd_->SetHangup();
+    return;
+  }
+  if (r & sdp::kRdHup) rfd_->SetEndOfStream();
+  if (r & sdp::kReadable) rfd_->SetReadable(true);
+  if (r & sdp::kWritable) rfd_->SetWritable(true);
+}
+
+void Socket::MarkUnreadable() {
+  auto c = conn();
+  MutexLock lock(&rfd_mu_);
+  if (!rfd_) return;
+  rfd_->SetReadable(false);
+  // Data may have arrived between the failed call and here; its callback
+  // saw the mirror still readable and did nothing, so look again.
+  if (c && (c->readiness() & (sdp::kReadable | sdp::kError | sdp::kHup))) rfd_->SetReadable(true);
+}
+
+void Socket::MarkUnwritable() {
+  auto c = conn();
+  MutexLock lock(&rfd_mu_);
+  if (!rfd_) return;
+  rfd_->SetWritable(false);
+  if (c && (c->readiness() & (sdp::kWritable | sdp::kError | sdp::kHup))) rfd_->SetWritable(true);
+}
+
+std::shared_ptr<sdp::Connection> Socket::conn() const {
+  MutexLock lock(&mu_);
+  return conn_;
+}
+
+absl::Status Socket::Bind(const sockaddr* addr, socklen_t len) {
+  auto a = SocketAddress::FromSockaddr(addr, len);
+  if (!a.ok()) return a.status();
+  if (a->family() != family_) {
+    return Err(EAFNOSUPPORT, "bind: address family differs from the socket's");
+  }
+  MutexLock lock(&mu_);
+  if (state_ != State::kNew) return Err(EINVAL, "bind: the socket is already bound");
+  if (reuseaddr_ == 0 || a->port() == 0) {
+    auto fd = ReservePort(&*a);
+    if (!fd.ok()) return fd.status();
+    port_reservation_ = std::move(*fd);
+  }
+  local_ = *a;
+  state_ = State::kBound;
+  return absl::OkStatus();
+}
+
+absl::Status Socket::Listen(int backlog) {
+  auto engine = SocketEngine();
+  if (!engine.ok()) return engine.status();
+  MutexLock lock(&mu_);
+  if (state_ == State::kListening) {
+    if (backlog > 0) ::listen(fd_, backlog);  // adjusts the backlog, as listen(2) does
+    return absl::OkStatus();
+  }
+  if (state_ != State::kNew && state_ != State::kBound) {
+    return Err(EINVAL, "listen: the socket is connected or connecting");
+  }
+  if (state_ == State::kNew) {
+    auto any = ParseSocketAddress(family_ == AF_INET6 ? "[::]:0" : "0.0.0.0:0");
+    if (!any.ok()) return any.status();
+    auto fd = ReservePort(&*any);
+    if (!fd.ok()) return fd.status();
+    port_reservation_ = std::move(*fd);
+    local_ = *any;
+  }
+  // The provider's listener takes the port over from the reservation.
+  port_reservation_.reset();
+  sdp::ConnectionOptions options = OptionsLocked();
+  auto l = (*engine)->Listen(local_.ToString(), options);
+  if (!l.ok()) return l.status();
+  // The program's fd number becomes the listener's own fd (a socket that is
+  // readable when a connection waits), so poll/epoll on it need no mirror.
+  {
+    MutexLock rl(&rfd_mu_);
+    int cloexec = ::fcntl(fd_, F_GETFD) & FD_CLOEXEC;
+    if (::dup3((*l)->fd(), fd_, cloexec ? O_CLOEXEC : 0) < 0) {
+      return ErrnoStatus(errno, "dup3 of the listener's fd onto the socket's fd failed");
+    }
+    rfd_->ReleaseFd();  // fd_ now names the listener; we close it in Close
+    rfd_.reset();
+  }
+  if (backlog > 0) ::listen(fd_, backlog);  // honour the backlog (kernel listeners)
+  listener_ = std::move(*l);
+  state_ = State::kListening;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Socket>> Socket::Accept(int flags, SocketAddress* peer) {
+  sdp::Listener* listener;
+  {
+    MutexLock lock(&mu_);
+    if (state_ != State::kListening) return Err(EINVAL, "accept: the socket is not listening");
+    listener = listener_.get();
+  }
+  // Accept in slices so that Close from another thread ends a blocked accept.
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    int rc = ::poll(&p, 1, nonblocking() ? 0 : 100);
+    {
+      MutexLock lock(&mu_);
+      if (state_ != State::kListening) return Err(EBADF, "accept: the socket was closed");
+    }
+    if (rc < 0 && errno != EINTR) return ErrnoStatus(errno, "poll on a listening socket failed");
+    if (rc <= 0) {
+      if (nonblocking()) return Err(EAGAIN, "accept: no connection is waiting");
+      continue;
+    }
+    // The provider handshake and SDP Hello take at most connect_timeout_ms.
+    auto conn = listener->Accept(absl::Now() + absl::Seconds(10));
+    if (!conn.ok()) {
+      if (nonblocking() && StatusErrno(conn.status()) == EAGAIN) {
+        return Err(EAGAIN, "accept: no connection is waiting");
+      }
+      // A client that went away during the handshake is not the listener's
+      // failure: like ECONNABORTED from accept(2), try the next one.
+      ZS_LOG(kInfo, "accept: a connection failed during set-up: %s", conn.status().ToString());
+      if (nonblocking()) return Err(ECONNABORTED, "accept: the connection failed during set-up");
+      continue;
+    }
+    auto s = FromConnection(family_, std::move(*conn), flags);
+    if (!s.ok()) return s.status();
+    {
+      MutexLock lock(&(*s)->mu_);
+      {
+        // This end of the connection: the listener's address, with the
+        // wildcard replaced by the local address that reaches the peer.
+        MutexLock l2(&mu_);
+        SocketAddress local = local_;
+        if (local.is_wildcard() && (*s)->peer_.len != 0) {
+          local = SourceFor((*s)->peer_);
+          local.set_port(local_.port());
+        }
+        (*s)->local_ = local;
+      }
+      if (peer != nullptr) *peer = (*s)->peer_;
+    }
+    return s;
+  }
+}
+
+absl::Status Socket::ConnectError(const absl::Status& why, const SocketAddress& to) {
+  int e = StatusErrno(why);
+  if (e == ENOENT || e == 0) e = ECONNREFUSED;  // unet: nobody listens on that port
+  if (absl::IsDeadlineExceeded(why)) e = ETIMEDOUT;
+  return MakeError(absl::StatusCode::kUnavailable, e,
+                   absl::StrCat("connect to ", to.ToString(), " failed: ", why.message()));
+}
+
+absl::Status Socket::Connect(const sockaddr* addr, socklen_t len) {
+  auto engine = SocketEngine();
+  if (!engine.ok()) return engine.status();
+  auto to = SocketAddress::FromSockaddr(addr, len);
+  if (!to.ok()) return to.status();
+  if (to->family() != family_) return Err(EAFNOSUPPORT, "connect: address family differs");
+  if (to->port() == 0) return Err(ECONNREFUSED, "connect: port 0");
+  sdp::ConnectionOptions options;
+  {
+    MutexLock lock(&mu_);
+    switch (state_) {
+      case State::kConnected:
+        return Err(EISCONN, "connect: the socket is already connected");
+      case State::kConnecting:
+        return Err(EALREADY, "connect: a connection attempt is in progress");
+      case State::kListening:
+      case State::kClosed:
+        return Err(EINVAL, "connect on a listening or closed socket");
+      case State::kNew: {
+        SocketAddress local = SourceFor(*to);
+        auto fd = ReservePort(&local);
+        if (fd.ok()) {
+          port_reservation_ = std::move(*fd);
+          local_ = local;
+        }
+        break;
+      }
+      case State::kBound:
+        break;
+    }
+    peer_ = *to;
+    state_ = State::kConnecting;
+    options = OptionsLocked();
+    options.local_sockaddr = local_.ToString();
+  }
+  const std::string target = to->ToString();
+  if (nonblocking()) {
+    {
+      MutexLock rl(&rfd_mu_);
+      rfd_->SetWritable(false);  // POLLOUT means "connected (or failed)"
+    }
+    std::shared_ptr<Socket> self = shared_from_this();
+    std::thread([self, engine = *engine, target, options, to = *to]() mutable {
+      auto conn = engine->Connect(target, options);
+      MutexLock lock(&self->mu_);
+      if (self->state_ != State::kConnecting) return;  // closed meanwhile
+      if (conn.ok()) {
+        self->Attach(std::shared_ptr<sdp::Connection>(std::move(*conn)));
+      } else {
+        self->so_error_ = self->ConnectError(conn.status(), to);
+        self->state_ = State::kBound;
+        MutexLock rl(&self->rfd_mu_);
+        if (self->rfd_) self->rfd_->SetHangup();  // POLLOUT|POLLERR-like; SO_ERROR says why
+      }
+    }).detach();
+    return Err(EINPROGRESS, "connect: in progress");
+  }
+  auto conn = (*engine)->Connect(target, options);
+  MutexLock lock(&mu_);
+  if (state_ != State::kConnecting) return Err(EBADF, "connect: the socket was closed");
+  if (!conn.ok()) {
+    state_ = State::kBound;
+    return ConnectError(conn.status(), *to);
+  }
+  Attach(std::shared_ptr<sdp::Connection>(std::move(*conn)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
+  std::shared_ptr<sdp::Connection> c;
+  absl::Time deadline = absl::InfiniteFuture();
+  {
+    MutexLock lock(&mu_);
+    if (state_ == State::kConnecting) {
+      return Err(nonblocking() || (flags & MSG_DONTWAIT) ? EAGAIN : ENOTCONN,
+                 "send: the connection is not set up yet");
+    }
+    if (state_ != State::kConnected) return Err(state_ == State::kClosed ? EBADF : ENOTCONN,
+                                                "send on an unconnected socket");
+    c = conn_;
+    deadline = DeadlineFrom(sndtimeo_);
+    if (shut_wr_) {
+      if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
+      return Err(EPIPE, "send after shutdown(SHUT_WR)");
+    }
+  }
+  const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
+  auto n = c->Send(iov, dontwait ? MSG_DONTWAIT : 0, deadline);
+  if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
+    return Err(EAGAIN, "send: SO_SNDTIMEO expired");  // what send(2) reports
+  }
+  if (!n.ok()) {
+    if (WouldBlock(n.status())) MarkUnwritable();
+    if (StatusErrno(n.status()) == EPIPE && !(flags & MSG_NOSIGNAL)) {
+      ::pthread_kill(::pthread_self(), SIGPIPE);  // what send(2) does on a TCP socket
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<size_t> Socket::Recv(std::span<const iovec> iov, int flags) {
+  std::shared_ptr<sdp::Connection> c;
+  absl::Time deadline = absl::InfiniteFuture();
+  {
+    MutexLock lock(&mu_);
+    if (state_ == State::kConnecting && (nonblocking() || (flags & MSG_DONTWAIT))) {
+      return Err(EAGAIN, "recv: the connection is not set up yet");
+    }
+    if (state_ != State::kConnected) return Err(state_ == State::kClosed ? EBADF : ENOTCONN,
+                                                "recv on an unconnected socket");
+    if (shut_rd_) return size_t{0};
+    c = conn_;
+    deadline = DeadlineFrom(rcvtimeo_);
+  }
+  const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
+  int f = flags & (MSG_PEEK | MSG_WAITALL);
+  if (dontwait) f |= MSG_DONTWAIT;
+  auto n = c->Recv(iov, f, deadline);
+  if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
+    return Err(EAGAIN, "recv: SO_RCVTIMEO expired");
+  }
+  if (!n.ok() && WouldBlock(n.status())) MarkUnreadable();
+  return n;
+}
+
+absl::Status Socket::Shutdown(int how) {
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
+    return Err(EINVAL, "shutdown: how must be SHUT_RD, SHUT_WR or SHUT_RDWR");
+  }
+  std::shared_ptr<sdp::Connection> c;
+  {
+    MutexLock lock(&mu_);
+    if (state_ != State::kConnected) return Err(ENOTCONN, "shutdown on an unconnected socket");
+    c = conn_;
+    if (how != SHUT_WR) shut_rd_ = true;
+    if (how != SHUT_RD) shut_wr_ = true;
+  }
+  absl::Status s = c->Shutdown(how);
+  if (how != SHUT_WR) {
+    MutexLock rl(&rfd_mu_);
+    if (rfd_) rfd_->SetEndOfStream();  // recv returns 0 from now on
+  }
+  return s;
+}
+
+absl::Status Socket::Close() {
+  std::shared_ptr<sdp::Connection> c;
+  std::unique_ptr<sdp::Listener> l;
+  bool abortive = false;
+  {
+    MutexLock lock(&mu_);
+    if (state_ == State::kClosed) return absl::OkStatus();
+    state_ = State::kClosed;
+    c = std::move(conn_);
+    l = std::move(listener_);
+    port_reservation_.reset();
+    abortive = linger_.l_onoff && linger_.l_linger == 0;
+  }
+  if (c) {
+    if (abortive) {
+      c->Abort();  // SO_LINGER {1, 0}: reset, as TCP sends RST
+    } else {
+      // Graceful: flush and DisconnReq. If other threads are blocked in
+      // calls on it, wake them first; the close completes when the last of
+      // them lets go.
+      if (c.use_count() > 1) {
+        (void)c->Shutdown(SHUT_RDWR);
+      } else {
+        (void)c->Close();
+      }
+    }
+    c.reset();
+  }
+  l.reset();
+  MutexLock rl(&rfd_mu_);
+  if (rfd_) {
+    rfd_.reset();  // closes fd_
+  } else if (fd_ >= 0) {
+    ::close(fd_);  // a listener's fd
+  }
+  fd_ = -1;
+  return absl::OkStatus();
+}
+
+absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t len) {
+  auto need = [&](socklen_t n) -> absl::Status {
+    if (value == nullptr || len < n) return Err(EINVAL, "setsockopt: option value too short");
+    return absl::OkStatus();
+  };
+  auto as_int = [&]() { int v = 0; std::memcpy(&v, value, sizeof(v)); return v; };
+  std::shared_ptr<sdp::Connection> c;
+  MutexLock lock(&mu_);
+  c = conn_;
+  if (level == SOL_SOCKET) {
+    switch (name) {
+      case SO_RCVBUF:
+      case SO_SNDBUF:
+        if (auto s = need(sizeof(int)); !s.ok()) return s;
+        (name == SO_RCVBUF ? rcvbuf_ : sndbuf_) = std::max(as_int(), 0);
+        return absl::OkStatus();  // applies to connections made after it, as for TCP windows
+      case SO_LINGER:
+        if (auto s = need(sizeof(linger)); !s.ok()) return s;
+        std::memcpy(&linger_, value, sizeof(linger));
+        return absl::OkStatus();
+      case SO_KEEPALIVE:
+        if (auto s = need(sizeof(int)); !s.ok()) return s;
+        keepalive_ = as_int() != 0;  // SDP providers watch peers themselves
+        return absl::OkStatus();
+      case SO_REUSEADDR:
+      case SO_REUSEPORT:
+        if (auto s = need(sizeof(int)); !s.ok()) return s;
+        reuseaddr_ = as_int() != 0;
+        return absl::OkStatus();
+      case SO_RCVTIMEO:
+      case SO_SNDTIMEO: {
+        if (auto s = need(sizeof(timeval)); !s.ok()) return s;
+        timeval tv;
+        std::memcpy(&tv, value, sizeof(tv));
+        if (tv.tv_sec < 0 || tv.tv_usec < 0 || tv.tv_usec >= 1000000) {
+          return Err(EDOM, "SO_RCVTIMEO/SO_SNDTIMEO: timeval out of range");
+        }
+        (name == SO_RCVTIMEO ? rcvtimeo_ : sndtimeo_) = tv;
+        return absl::OkStatus();
+      }
+      default:
+        break;
+    }
+  } else if (level == IPPROTO_TCP) {
+    if (name == TCP_NODELAY) {
+      if (auto s = need(sizeof(int)); !s.ok()) return s;
+      // SDP never delays a send (it only coalesces while credits are out).
+      nodelay_ = as_int() != 0;
+      return absl::OkStatus();
+    }
+  } else if (level == kSolZsock) {
+    if (auto s = need(sizeof(int)); !s.ok()) return s;
+    int v = as_int();
+    if (name == kSoMode) {
+      if (v != 0 && v != 1) return Err(EINVAL, "ZSOCK_SO_MODE: 0 (bcopy) or 1 (zcopy)");
+      mode_ = v;
+      if (c) return c->SetMode(v == 1 ? sdp::Mode::kZcopy : sdp::Mode::kBcopy);
+      return absl::OkStatus();
+    }
+    if (name == kSoZcopyThreshold) {
+      if (v < 0) return Err(EINVAL, "ZSOCK_SO_ZCOPY_THRESHOLD must be >= 0");
+      zcopy_threshold_ = v;
+      if (c) return c->SetZcopyThreshold(static_cast<size_t>(v));
+      return absl::OkStatus();
+    }
+  }
+  return Err(ENOPROTOOPT, absl::StrCat("setsockopt: option ", level, "/", name,
+                                       " is not supported by zsock sockets"));
+}
+
+absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len) {
+  if (value == nullptr || len == nullptr) return Err(EFAULT, "getsockopt: null value or length");
+  auto put = [&](const void* v, socklen_t n) {
+    socklen_t m = std::min(*len, n);
+    std::memcpy(value, v, m);
+    *len = m;
+    return absl::OkStatus();
+  };
+  MutexLock lock(&mu_);
+  auto opts = OptionsLocked();
+  if (level == SOL_SOCKET) {
+    int v = 0;
+    switch (name) {
+      case SO_ERROR: {
+        v = so_error_.ok() ? 0 : StatusErrno(so_error_);
+        so_error_ = absl::OkStatus();
+        if (v == 0 && conn_) {
+          absl::Status e = conn_->error();
+          if (!e.ok()) v = StatusErrno(e);
+        }
+        return put(&v, sizeof(v));
+      }
+      case SO_TYPE:
+        v = SOCK_STREAM;
+        return put(&v, sizeof(v));
+      case SO_DOMAIN:
+        v = family_;
+        return put(&v, sizeof(v));
+      case SO_PROTOCOL:
+        v = IPPROTO_TCP;
+        return put(&v, sizeof(v));
+      case SO_ACCEPTCONN:
+        v = state_ == State::kListening;
+        return put(&v, sizeof(v));
+      case SO_RCVBUF:
+        v = static_cast<int>(opts.rcvbuf);
+        return put(&v, sizeof(v));
+      case SO_SNDBUF:
+        v = static_cast<int>(opts.sndbuf);
+        return put(&v, sizeof(v));
+      case SO_KEEPALIVE:
+        return put(&keepalive_, sizeof(int));
+      case SO_REUSEADDR:
+        return put(&reuseaddr_, sizeof(int));
+      case SO_LINGER:
+        return put(&linger_, sizeof(linger));
+      case SO_RCVTIMEO:
+        return put(&rcvtimeo_, sizeof(timeval));
+      case SO_SNDTIMEO:
+        return put(&sndtimeo_, sizeof(timeval));
+      default:
+        break;
+    }
+  } else if (level == IPPROTO_TCP && name == TCP_NODELAY) {
+    return put(&nodelay_, sizeof(int));
+  } else if (level == kSolZsock) {
+    int v = 0;
+    if (name == kSoMode) {
+      v = (conn_ ? conn_->options().mode : opts.mode) == sdp::Mode::kZcopy ? 1 : 0;
+      return put(&v, sizeof(v));
+    }
+    if (name == kSoZcopyThreshold) {
+      v = static_cast<int>(conn_ ? conn_->options().zcopy_threshold : opts.zcopy_threshold);
+      return put(&v, sizeof(v));
+    }
+  }
+  return Err(ENOPROTOOPT, absl::StrCat("getsockopt: option ", level, "/", name,
+                                       " is not supported by zsock sockets"));
+}
+
+absl::StatusOr<SocketAddress> Socket::LocalAddress() const {
+  MutexLock lock(&mu_);
+  if (local_.len != 0) return local_;
+  // Unbound: the wildcard address with port 0, as getsockname(2) reports.
+  return ParseSocketAddress(family_ == AF_INET6 ? "[::]:0" : "0.0.0.0:0");
+}
+
+absl::StatusOr<SocketAddress> Socket::PeerAddress() const {
+  MutexLock lock(&mu_);
+  if (state_ != State::kConnected || peer_.len == 0) {
+    return Err(ENOTCONN, "getpeername on an unconnected socket");
+  }
+  return peer_;
+}
+
+short Socket::Events() {
+  std::shared_ptr<sdp::Connection> c;
+  {
+    MutexLock lock(&mu_);
+    switch (state_) {
+      case State::kListening: {
+        pollfd p{fd_, POLLIN, 0};
+        return ::poll(&p, 1, 0) == 1 ? static_cast<short>(p.revents & POLLIN) : 0;
+      }
+      case State::kConnecting:
+        return 0;
+      case State::kConnected:
+        c = conn_;
+        break;
+      case State::kClosed:
+        return POLLNVAL;
+      default:
+        // Unconnected (or after a failed connect): like TCP, POLLOUT|POLLHUP.
+        return static_cast<short>(POLLOUT | POLLHUP | (so_error_.ok() ? 0 : POLLERR));
+    }
+  }
+  uint32_t r = c->readiness();
+  short ev = 0;
+  if (r & sdp::kReadable) ev |= POLLIN;
+  if (r & sdp::kWritable) ev |= POLLOUT;
+  if (r & sdp::kError) ev |= POLLERR;
+  if (r & sdp::kHup) ev |= POLLHUP;
+  if (r & sdp::kRdHup) ev |= POLLRDHUP | POLLIN;
+  {
+    MutexLock lock(&mu_);
+    if (shut_rd_) ev |= POLLIN | POLLRDHUP;
+  }
+  // Bring the mirror down to the truth, so a following poll(2) sleeps.
+  if (!(ev & POLLIN)) MarkUnreadable();
+  if (!(ev & POLLOUT)) MarkUnwritable();
+  return ev;
+}
+
+sdp::ConnectionStats Socket::stats() const {
+  auto c = conn();
+  return c ? c->stats() : sdp::ConnectionStats{};
+}
+
+}  // namespace zsock

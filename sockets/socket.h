@@ -1,0 +1,146 @@
+// zsock::Socket: the C++ sockets API over the SDP engine. A BSD-shaped
+// byte-stream socket (bind/listen/accept/connect/send/recv/shutdown/close,
+// options, blocking and non-blocking) whose fd() is a real file descriptor
+// with mirrored readiness (sockets/readiness.h), so the program's own
+// poll/select/epoll work on it. sockets/zsock.h is the C API over this.
+//
+// Contract:
+//  - Errors are absl::Status carrying the errno a BSD call would set
+//    (StatusErrno): EAGAIN for a non-blocking call that would block,
+//    EINPROGRESS for a non-blocking connect, ECONNRESET / EPIPE for a dead
+//    or reset peer, ENOTCONN, EISCONN, EADDRINUSE, EINVAL, ...
+//  - One process-wide SDP engine (sdp::Engine with its progress thread)
+//    carries every socket; the provider comes from the configuration
+//    (ZSOCK_PROVIDER / the config file), the data path from ZSOCK_MODE or
+//    the per-socket option ZSOCK_SO_MODE.
+//  - Calls are thread-safe; one thread may block in Recv while another
+//    Sends, Shutdowns or Closes (which wakes it with an error).
+#ifndef ZSOCK_SOCKETS_SOCKET_H_
+#define ZSOCK_SOCKETS_SOCKET_H_
+
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/mutex.h"
+#include "core/sdp/connection.h"
+#include "core/sdp/engine.h"
+#include "core/sockaddr.h"
+#include "sockets/readiness.h"
+
+namespace zsock {
+
+// Socket options of level SOL_ZSOCK (sockets/zsock.h has the C names).
+inline constexpr int kSolZsock = 0x7a73;   // "zs"
+inline constexpr int kSoMode = 1;          // int: 0 bcopy, 1 zcopy
+inline constexpr int kSoZcopyThreshold = 2;  // int: bytes
+
+// The engine every socket of this process uses (created on first use).
+absl::StatusOr<sdp::Engine*> SocketEngine();
+
+class Socket : public std::enable_shared_from_this<Socket> {
+ public:
+  // family: AF_INET or AF_INET6; flags: SOCK_NONBLOCK | SOCK_CLOEXEC.
+  static absl::StatusOr<std::shared_ptr<Socket>> Create(int family, int flags);
+  ~Socket();
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  int fd() const { return fd_; }
+  int family() const { return family_; }
+
+  absl::Status Bind(const sockaddr* addr, socklen_t len);
+  absl::Status Listen(int backlog);
+  // flags: SOCK_NONBLOCK | SOCK_CLOEXEC for the new socket.
+  absl::StatusOr<std::shared_ptr<Socket>> Accept(int flags, SocketAddress* peer);
+  absl::Status Connect(const sockaddr* addr, socklen_t len);
+
+  // flags: MSG_DONTWAIT, MSG_NOSIGNAL (no SIGPIPE is ever raised), MSG_MORE
+  // (ignored).
+  absl::StatusOr<size_t> Send(std::span<const iovec> iov, int flags);
+  // flags: MSG_DONTWAIT, MSG_PEEK, MSG_WAITALL.
+  absl::StatusOr<size_t> Recv(std::span<const iovec> iov, int flags);
+  absl::Status Shutdown(int how);
+  // Graceful (or abortive with SO_LINGER {1, 0}); the fd is closed.
+  absl::Status Close();
+
+  absl::Status SetOption(int level, int name, const void* value, socklen_t len);
+  absl::Status GetOption(int level, int name, void* value, socklen_t* len);
+  absl::StatusOr<SocketAddress> LocalAddress() const;
+  absl::StatusOr<SocketAddress> PeerAddress() const;
+
+  bool nonblocking() const { return nonblocking_.load(std::memory_order_relaxed); }
+  void set_nonblocking(bool on) { nonblocking_.store(on, std::memory_order_relaxed); }
+
+  // poll(2) events (POLLIN, POLLOUT, POLLERR, POLLHUP, POLLRDHUP) that hold
+  // now; also brings fd()'s mirrored state up to date.
+  short Events();
+
+  sdp::ConnectionStats stats() const;
+
+ private:
+  enum class State { kNew, kBound, kListening, kConnecting, kConnected, kClosed };
+
+  Socket(int family, std::unique_ptr<ReadinessFd> rfd, bool nonblocking);
+  static absl::StatusOr<std::shared_ptr<Socket>> FromConnection(
+      int family, std::unique_ptr<sdp::Connection> conn, int flags);
+  void Attach(std::shared_ptr<sdp::Connection> conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnReadiness(uint32_t r);
+  // After a call found nothing to do: clears the mirrored bit unless the
+  // connection became ready meanwhile.
+  void MarkUnreadable();
+  void MarkUnwritable();
+  sdp::ConnectionOptions OptionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<sdp::Connection> conn() const;
+  absl::Status ConnectError(const absl::Status& why, const SocketAddress& to);
+
+  const int family_;
+  int fd_;
+  std::atomic<bool> nonblocking_;
+
+  mutable Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
+  SocketAddress local_ ABSL_GUARDED_BY(mu_);
+  SocketAddress peer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<sdp::Listener> listener_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<sdp::Connection> conn_ ABSL_GUARDED_BY(mu_);
+  std::thread connector_ ABSL_GUARDED_BY(mu_);  // a non-blocking connect
+  absl::Status so_error_ ABSL_GUARDED_BY(mu_);  // SO_ERROR, cleared by reading
+  Fd port_reservation_ ABSL_GUARDED_BY(mu_);    // holds the bound port
+  // Options.
+  int rcvbuf_ ABSL_GUARDED_BY(mu_) = 0;  // 0: engine default
+  int sndbuf_ ABSL_GUARDED_BY(mu_) = 0;
+  linger linger_ ABSL_GUARDED_BY(mu_) = {0, 0};
+  int nodelay_ ABSL_GUARDED_BY(mu_) = 0;
+  int keepalive_ ABSL_GUARDED_BY(mu_) = 0;
+  int reuseaddr_ ABSL_GUARDED_BY(mu_) = 0;
+  timeval rcvtimeo_ ABSL_GUARDED_BY(mu_) = {0, 0};  // SO_RCVTIMEO; 0: none
+  timeval sndtimeo_ ABSL_GUARDED_BY(mu_) = {0, 0};
+  int mode_ ABSL_GUARDED_BY(mu_) = -1;  // -1: configured
+  int zcopy_threshold_ ABSL_GUARDED_BY(mu_) = -1;
+  bool shut_rd_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_wr_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The mirrored fd; its own lock, taken by readiness callbacks.
+  Mutex rfd_mu_;
+  std::unique_ptr<ReadinessFd> rfd_ ABSL_GUARDED_BY(rfd_mu_);
+};
+
+// The process's table of zsock sockets by fd number (for the C API and the
+// interposer).
+std::shared_ptr<Socket> FindSocket(int fd);
+void AddSocket(std::shared_ptr<Socket> s);
+std::shared_ptr<Socket> RemoveSocket(int fd);
+
+}  // namespace zsock
+
+#endif  // ZSOCK_SOCKETS_SOCKET_H_
