@@ -57,12 +57,6 @@ ABSL_FLAG(std::string, address, "",
 ABSL_FLAG(std::string, wait, "adaptive",
           "how to wait for completions: adaptive (CompletionQueue::Wait: spin spin_us, then "
           "sleep on the CQ fd) or spin (poll without sleeping, like fi_pingpong and ucx_perftest)");
-// Debian's absl is built without NDEBUG, so absl::Mutex checks lock order
-// for deadlocks on every Lock (a global graph under a global spin lock):
-// about 0.5 us per ping-pong hop on ucx:posix,cma. A production build of absl
-// does not; the bench turns it off like such a build.
-ABSL_FLAG(bool, mutex_deadlock_detection, false,
-          "keep absl::Mutex deadlock detection on (Debian's absl default)");
 ABSL_FLAG(bool, tsv, false,
           "print one tab-separated line per size (size p50 p99 avg pp_MBps stream_MBps) "
           "for the provider only, for scripts");
@@ -385,9 +379,6 @@ std::vector<Result> RunPair(ServerFn server, ClientFn client) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
-    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  }
   std::vector<size_t> sizes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
     size_t v;

@@ -14,12 +14,14 @@
 #ifndef ZSOCK_CORE_MUTEX_H_
 #define ZSOCK_CORE_MUTEX_H_
 
+#include <condition_variable>
 #include <mutex>
 #include <shared_mutex>
 
 #include "absl/base/dynamic_annotations.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace zsock {
 
@@ -52,6 +54,34 @@ class ABSL_LOCKABLE SharedMutex {
 
  private:
   std::shared_mutex mu_;
+};
+
+// A condition variable for zsock::Mutex (std::condition_variable on the
+// underlying std::mutex), with absl::CondVar's calls.
+class CondVar {
+ public:
+  // Requires `mu` held; releases it while waiting.
+  void Wait(Mutex* mu) {
+    std::unique_lock<std::mutex> lock(mu->native(), std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();
+  }
+  // Returns true if `deadline` passed (like absl::CondVar::WaitWithDeadline).
+  bool WaitWithDeadline(Mutex* mu, absl::Time deadline) {
+    if (deadline == absl::InfiniteFuture()) {
+      Wait(mu);
+      return false;
+    }
+    std::unique_lock<std::mutex> lock(mu->native(), std::adopt_lock);
+    bool timed_out = cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout;
+    lock.release();
+    return timed_out;
+  }
+  void Signal() { cv_.notify_one(); }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable cv_;
 };
 
 class ABSL_SCOPED_LOCKABLE MutexLock {

@@ -1,8 +1,24 @@
 #!/usr/bin/env bash
 # The README's main job: installs what is missing, builds optimized, and runs
-# a two-process transfer over the default unet provider beside kernel TCP,
-# printing one-way latency and bandwidth per message size.
+# the SDP sockets demo: ping-pong and stream over the default unet provider
+# in every data path (bcopy, zcopy), beside kernel TCP in the same run;
+# prints the tables (with the ratio to TCP) and writes JSON and gnuplot
+# figures to the folder it names at the end.
+#
+#   bash tools/demo.sh [output-dir]     (default: ./demo-results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
-bazel run -c opt --config=ci //bench:provider_bench -- "$@"
+out="${1:-demo-results}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+bazel build -c opt --config=ci //bench:zsock_bench
+bench=bazel-bin/bench/zsock_bench
+sizes=8,64,1024,4096,65536,1048576
+"$bench" --test=pingpong --provider=unet --mode=all --sizes="$sizes" --baseline=tcp \
+  --json="$out/pingpong.json" --plot="$out"
+"$bench" --test=stream --provider=unet --mode=all --sizes="$sizes" --baseline=tcp \
+  --json="$out/stream.json" --plot="$out"
+echo
+echo "figures and JSON: $out"
+ls "$out"

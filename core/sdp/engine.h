@@ -31,7 +31,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 #include "absl/time/time.h"
 #include "core/fd.h"
 #include "core/provider.h"
@@ -117,8 +117,8 @@ class Engine {
   std::unique_ptr<Fabric> fabric_;
   std::unique_ptr<CompletionQueue> cq_;
   Fd notify_fd_;  // wakes the leader's sleep on local state changes
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -128,7 +128,7 @@ class Engine {
     uint32_t readiness;
   };
   std::vector<PendingCallback> callbacks_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex callback_mu_;  // runs callbacks in order, one batch at a time
+  Mutex callback_mu_;  // runs callbacks in order, one batch at a time
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
 };
