@@ -323,12 +323,8 @@ absl::StatusOr<std::shared_ptr<Socket>> Socket::Accept(int flags, SocketAddress*
       if (nonblocking()) return Err(EAGAIN, "accept: no connection is waiting");
       continue;
     }
-    // The provider handshake and SDP Hello take at most connect_timeout_ms
-    // (as the connecting side allows; a slower handshake under load must not
-    // be cut short here, resetting a client that would have succeeded).
-    const auto& config = Config::Global();
-    const int64_t ms = config.ok() ? config->GetInt("connect_timeout_ms") : 10000;
-    auto conn = listener->Accept(absl::Now() + absl::Milliseconds(ms));
+    // The provider handshake and SDP Hello take at most connect_timeout_ms.
+    auto conn = listener->Accept(absl::Now() + absl::Seconds(10));
     if (!conn.ok()) {
       if (nonblocking() && StatusErrno(conn.status()) == EAGAIN) {
         return Err(EAGAIN, "accept: no connection is waiting");
