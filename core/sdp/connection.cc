@@ -896,9 +896,11 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
         size_t rem = n - off;
         // A valid SinkAvail from the peer takes the next bytes.
         if (c->sink_in.valid && !dontwait) {
-          size_t max_rma = c->ep->fabric()->caps().max_rma_size;
-          size_t k = std::min<size_t>(rem, c->sink_in.len);
-          if (max_rma > 0) k = std::min(k, max_rma);
+          // The whole SinkAvail (or all that is left to send) is written,
+          // in writes of at most max_rma_size bytes (64 KiB where one-sided
+          // operations are emulated), then reported by one RdmaWrCompl.
+          const size_t max_rma = c->ep->fabric()->caps().max_rma_size;
+          const size_t k = std::min<size_t>(rem, c->sink_in.len);
           std::shared_ptr<MemoryRegion> mr;
           if (c->ep->fabric()->caps().registration_required) {
             auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), k, kLocalRead);
@@ -906,13 +908,18 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             mr = *r;
           }
           c->sink_in.writing = true;
-          c->write_status = absl::OkStatus();
-          auto st = c->ep->Write(q, k, mr.get(), c->sink_in.addr, c->sink_in.key,
-                                 MakeCtx(c->id, kCtxWrite, 0));
-          if (st.ok()) {
-            c->writes_out++;
-            e->WaitLocked([&] { return c->writes_out == 0; }, absl::InfiniteFuture());
-            st = c->write_status;
+          absl::Status st;
+          for (size_t done = 0; done < k && st.ok() && c->error.ok();) {
+            const size_t chunk = max_rma > 0 ? std::min(k - done, max_rma) : k - done;
+            c->write_status = absl::OkStatus();
+            st = c->ep->Write(q + done, chunk, mr.get(), c->sink_in.addr + done, c->sink_in.key,
+                              MakeCtx(c->id, kCtxWrite, 0));
+            if (st.ok()) {
+              c->writes_out++;
+              e->WaitLocked([&] { return c->writes_out == 0; }, absl::InfiniteFuture());
+              st = c->write_status;
+            }
+            done += chunk;
           }
           c->sink_in.writing = false;
           uint32_t sid = c->sink_in.id;

@@ -246,13 +246,16 @@ absl::StatusOr<std::unique_ptr<Connection>> Engine::Start(std::unique_ptr<Endpoi
     if (st.ok()) {
       WaitLocked([&] { return c->phase == ConnState::Phase::kOpen || !c->error.ok(); },
                  deadline);
-      if (!c->error.ok()) {
-        st = c->error;
-      } else if (c->phase != ConnState::Phase::kOpen) {
-        st = MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                       absl::StrCat("SDP handshake with ", c->peer_address,
-                                    " did not finish in time"),
-                       "check that the peer runs zsock's SDP engine (protocol version 1)");
+      // A connection that opened and failed right after (the peer sent its
+      // data and closed before this thread woke) is returned like TCP's:
+      // its data and end of stream, or its error, come with the next calls.
+      if (c->phase != ConnState::Phase::kOpen) {
+        st = !c->error.ok()
+                 ? c->error
+                 : MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
+                             absl::StrCat("SDP handshake with ", c->peer_address,
+                                          " did not finish in time"),
+                             "check that the peer runs zsock's SDP engine (protocol version 1)");
       }
     }
     if (!st.ok()) {
