@@ -557,7 +557,11 @@ TEST_P(Sockets, PeerKilledMidTransfer) {
   });
   close(ready[1]);  // a client that dies early ends the read below with EOF
   char one;
-  ASSERT_EQ(read(ready[0], &one, 1), 1) << "client never received data";
+  if (read(ready[0], &one, 1) != 1) {
+    kill(server, SIGKILL);
+    Reap(server);
+    FAIL() << "client never received data; it exited " << Reap(client);
+  }
   kill(server, SIGKILL);
   EXPECT_EQ(Reap(server), -SIGKILL);
   EXPECT_EQ(Reap(client), 0);
