@@ -519,6 +519,12 @@ TEST_P(Sockets, PeerKilledMidTransfer) {
     CHECK_C(write(p[1], &port, sizeof(port)) == sizeof(port));
     int fd = zs_accept(l, nullptr, nullptr);
     CHECK_C(fd >= 0);
+    // Stream only once the client's connect has returned (it sends a byte):
+    // this test is about a peer dying mid-transfer. (Streaming zcopy right
+    // after accept can reset the client's connect on ofi:shm under load: an
+    // open bug, see docs/sockets.md.)
+    char go;
+    CHECK_C(zs_recv(fd, &go, 1, MSG_WAITALL) == 1);
     std::vector<uint8_t> buf(1 << 20, 0x5a);
     for (;;) WriteAll(fd, buf.data(), buf.size());  // until killed
     return 0;
@@ -535,6 +541,7 @@ TEST_P(Sockets, PeerKilledMidTransfer) {
   pid_t client = Fork([&] {
     UseConfig();
     int fd = ConnectTo(port);
+    CHECK_C(zs_send(fd, "g", 1, 0) == 1);
     std::vector<uint8_t> buf(1 << 20);
     uint64_t got = 0;
     while (got < (uint64_t{8} << 20)) {
