@@ -68,6 +68,7 @@
 #include "core/mutex.h"
 #include "core/provider.h"
 #include "core/rcache.h"
+#include "core/sockaddr.h"
 #include "core/status.h"
 
 namespace zsock::ofi {
@@ -149,37 +150,13 @@ absl::Status NoProvider(const Settings& s, fi_ep_type type, uint64_t caps, int r
 // ------------------------------------------------------------ fds
 
 
+// "IP:PORT" / "[IPv6]:PORT" through core's parser (core/sockaddr.h), in
+// the sockaddr_storage form the socket calls below take.
 absl::StatusOr<sockaddr_storage> ParseHostPort(absl::string_view address, socklen_t* len) {
-  std::string host(address), port = "0";
-  if (!address.empty() && address[0] == '[') {
-    auto close = address.find(']');
-    if (close == absl::string_view::npos) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                       absl::StrCat("bad ofi address '", address, "'"), "write IP:PORT or [IPv6]:PORT");
-    }
-    host = std::string(address.substr(1, close - 1));
-    if (close + 1 < address.size() && address[close + 1] == ':') port = std::string(address.substr(close + 2));
-  } else if (auto colon = address.rfind(':'); colon != absl::string_view::npos) {
-    host = std::string(address.substr(0, colon));
-    port = std::string(address.substr(colon + 1));
-  }
-  if (host.empty()) host = "127.0.0.1";
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     absl::StrCat("bad ofi address '", address, "': ", gai_strerror(rc)),
-                     "write a numeric IP:PORT, e.g. 127.0.0.1:5000 or [::1]:5000");
-  }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
-  freeaddrinfo(res);
-  return ss;
+  auto a = ParseSocketAddress(address);
+  if (!a.ok()) return a.status();
+  *len = a->len;
+  return a->storage;
 }
 
 std::string FormatHostPort(const sockaddr_storage& ss) {
