@@ -124,6 +124,8 @@ class Sockets : public ::testing::TestWithParam<Param> {
   // engine-level suite (tests/sdp_test) still runs zcopy on them.
   void SetUp() override {
     const std::string& config = std::get<0>(GetParam());
+    // ZSOCK_TEST_KNOWN_BUGS=1 runs the cases below anyway (to work on them).
+    if (const char* k = getenv("ZSOCK_TEST_KNOWN_BUGS"); k != nullptr && *k == '1') return;
     if (config == "ofi:shm") {
       GTEST_SKIP() << "open bug: under load a client's connect over ofi:shm is reset "
                       "(docs/sockets.md, Known problems)";
@@ -131,11 +133,6 @@ class Sockets : public ::testing::TestWithParam<Param> {
     if (std::get<1>(GetParam()) == "zcopy" && config.rfind("ucx", 0) == 0) {
       GTEST_SKIP() << "open bug: zcopy sockets over " << config
                    << " fail intermittently (docs/sockets.md, Known problems)";
-    }
-    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    if (config.rfind("ofi:tcp;ofi_rxm", 0) == 0 && test.rfind("EpollEchoServerManyClients", 0) == 0) {
-      GTEST_SKIP() << "open bug: the ofi provider crashes inside libfabric (rxm CQ progress) "
-                      "with many connections set up at once (docs/sockets.md, Known problems)";
     }
   }
 

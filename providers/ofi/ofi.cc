@@ -737,9 +737,14 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
 
 // ------------------------------------------------------------ CQ methods
 
+// `cq` is null once the endpoint bound to the CQ is closed: rxm 1.17's
+// fi_cq_strerror reads the first endpoint on the CQ's endpoint list, and
+// with none left it dereferences the list head (a crash seen in CI when a
+// connection closed with errors still queued), so then only fi_strerror.
 absl::Status CqError(fid_cq* cq, fi_cq_err_entry* err) {
   char buf[256] = {};
-  const char* text = fi_cq_strerror(cq, err->prov_errno, err->err_data, buf, sizeof(buf));
+  const char* text =
+      cq != nullptr ? fi_cq_strerror(cq, err->prov_errno, err->err_data, buf, sizeof(buf)) : nullptr;
   // Providers disagree on the sign (shm 1.17 reports -FI_ETRUNC).
   int e = err->err < 0 ? -err->err : err->err;
   if (e == FI_ETRUNC) {
@@ -759,8 +764,9 @@ absl::Status CqError(fid_cq* cq, fi_cq_err_entry* err) {
                        : "the peer may have gone away; reconnect");
 }
 
-// Reads every completion now in `cq` (domain lock held by the caller).
-size_t DrainCq(fid_cq* cq_, std::vector<std::pair<Request*, absl::Status>>* out) {
+// Reads every completion now in `cq` (domain lock held by the caller);
+// `ep_open` says whether the endpoint bound to it is still open.
+size_t DrainCq(fid_cq* cq_, bool ep_open, std::vector<std::pair<Request*, absl::Status>>* out) {
   size_t n = 0;
   for (;;) {
     fi_cq_tagged_entry entries[16];
@@ -778,7 +784,7 @@ size_t DrainCq(fid_cq* cq_, std::vector<std::pair<Request*, absl::Status>>* out)
     if (got == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(cq_, &err, 0) > 0) {
-        absl::Status st = CqError(cq_, &err);
+        absl::Status st = CqError(ep_open ? cq_ : nullptr, &err);
         if (err.op_context == nullptr) {
           // Not tied to an operation of ours (e.g. a failed connection
           // inside the provider): report it, keep going.
@@ -850,7 +856,7 @@ class OfiEndpoint final : public Endpoint {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (fcq_ == nullptr) return 0;
     std::vector<std::pair<Request*, absl::Status>> entries;
-    size_t n = DrainCq(fcq_, &entries);
+    size_t n = DrainCq(fcq_, /*ep_open=*/ep_ != nullptr, &entries);
     for (auto& [r, st] : entries) CompleteLocked(r, std::move(st), r->len, out, control);
     if (peer_closed_ && user_received_ >= fin_count_) cq_->Wake();  // CheckPeer finishes it
     RetryLocked(out);
@@ -1365,7 +1371,7 @@ class OfiEndpoint final : public Endpoint {
       // nothing refers to a request once it is freed below; then the CQ goes.
       if (fcq_) {
         std::vector<std::pair<Request*, absl::Status>> drained;
-        DrainCq(fcq_, &drained);
+        DrainCq(fcq_, /*ep_open=*/false, &drained);
         for (auto& [r, st] : drained) {
           // Finished before the close: report what really happened.
           if (outstanding_.contains(r)) CompleteLocked(r, std::move(st), r->len, &out, nullptr);
