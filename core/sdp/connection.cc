@@ -304,6 +304,20 @@ void ConnState::OnRx(int buf, size_t len) {
   }
 }
 
+// The fields of `m` that matter when following a stream (trace log).
+static std::string TraceBody(const wire::Message& m) {
+  if (const auto* a = std::get_if<wire::Advert>(&m.body)) {
+    return absl::StrCat(" advert len ", a->length, " stream_pos ", a->stream_pos);
+  }
+  if (const auto* c = std::get_if<wire::Completed>(&m.body)) {
+    return absl::StrCat(" advert ", c->advert, " bytes ", c->bytes);
+  }
+  if (const auto* r = std::get_if<wire::AdvertRef>(&m.body)) {
+    return absl::StrCat(" advert ", r->advert);
+  }
+  return m.payload.empty() ? std::string() : absl::StrCat(" payload ", m.payload.size());
+}
+
 void ConnState::VoidSinkAvail() {
   if (!sink.active || sink.resolved) return;
   if (!sink.posted) {
@@ -329,6 +343,8 @@ void ConnState::Process(int buf, size_t len) {
   }
   wire::Message& m = *decoded;
   const wire::Header& h = m.header;
+  ZS_LOG(kTrace, "sdp conn %d rx %s mseq %u flags 0x%x len %u%s", static_cast<int>(id),
+         wire::MessageName(h.mid), h.mseq, h.flags, h.len, TraceBody(m));
   rx_mseq = h.mseq;
   stats.messages_received++;
   recv_since_report++;
@@ -680,6 +696,8 @@ bool ConnState::PostItem(TxItem& item) {
     Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", st.message())));
     return false;
   }
+  ZS_LOG(kTrace, "sdp conn %d tx %s mseq %u len %zu", static_cast<int>(id),
+         wire::MessageName(item.mid), h.mseq, len);
   tx_inflight++;
   last_reported = Reportable();
   recv_since_report = 0;
@@ -1032,6 +1050,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
       }
     }
     result = total;
+    ZS_LOG(kTrace, "sdp conn %d send -> %zu", static_cast<int>(c->id), total);
   }
   e->RunCallbacks();
   return result;
@@ -1232,7 +1251,11 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
             e->WaitLocked([&] { return c->sink.resolved || !c->error.ok(); },
                           absl::InfiniteFuture());
           }
-          size_t w = c->error.ok() ? c->sink.written : 0;
+          // Bytes the source reported written are in the buffer even if the
+          // connection failed afterwards (e.g. the peer closed right after
+          // its RdmaWrCompl and DisconnReq): deliver them, as bcopy data
+          // already received is delivered.
+          size_t w = c->sink.written;
           c->sink = ConnState::Sink{};
           if (w > 0) {
             c->stats.bytes_recv_sinkavail += w;
@@ -1253,6 +1276,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
       }
     }
     result = copied;
+    ZS_LOG(kTrace, "sdp conn %d recv -> %zu", static_cast<int>(c->id), copied);
   }
   e->RunCallbacks();
   return result;
