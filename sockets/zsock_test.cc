@@ -118,21 +118,6 @@ using Param = std::tuple<std::string, std::string>;  // provider config, mode
 
 class Sockets : public ::testing::TestWithParam<Param> {
  protected:
-  // Open bugs (docs/sockets.md, "Known problems"): zcopy through the
-  // sockets layer over ucx and ofi:shm fails intermittently (about 1 run in
-  // 16: the echo reader sees an error or wrong bytes; a connect reset under
-  // load on ofi:shm). Those cases are SKIPPED, saying so, until fixed; the
-  // engine-level suite (tests/sdp_test) still runs zcopy on them.
-  void SetUp() override {
-    const std::string& config = std::get<0>(GetParam());
-    // ZSOCK_TEST_KNOWN_BUGS=1 runs the cases below anyway (to work on them).
-    if (const char* k = getenv("ZSOCK_TEST_KNOWN_BUGS"); k != nullptr && *k == '1') return;
-    if (config == "ofi:shm") {
-      GTEST_SKIP() << "open bug: under load a client's connect over ofi:shm is reset "
-                      "(docs/sockets.md, Known problems)";
-    }
-  }
-
   void UseConfig() {
     setenv("ZSOCK_PROVIDER", std::get<0>(GetParam()).c_str(), 1);
     setenv("ZSOCK_MODE", std::get<1>(GetParam()).c_str(), 1);

@@ -43,6 +43,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -51,6 +52,8 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -736,6 +739,15 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
 }
 
 // ------------------------------------------------------------ CQ methods
+
+// 64 random bits from the kernel (names that must not repeat on a host).
+uint64_t RandomU64() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof(v), 0) != sizeof(v)) {
+    v = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(::getpid()) << 40);
+  }
+  return v;
+}
 
 // `cq` is null once the endpoint bound to the CQ is closed: rxm 1.17's
 // fi_cq_strerror reads the first endpoint on the CQ's endpoint list, and
@@ -1556,6 +1568,16 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
     if (auto st = OpenEndpointCq(domain_, caps_.wait_fd, &fcq, &fcq_fd); !st.ok()) return fail(st);
     if ((rc = fi_ep_bind(ep, &fcq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
       return fail(FiError(rc, "fi_ep_bind(cq)"));
+    }
+    if (std::string_view(info_->fabric_attr->prov_name) == "shm") {
+      // shm names its region after the pid ("fi_shm://<pid>..."), and pids
+      // repeat across pid namespaces sharing one /dev/shm (containers,
+      // Bazel's sandbox): two endpoints then open one region and connects
+      // are reset. A random name is unique on the host.
+      std::string name = absl::StrCat("fi_shm://zsock-", absl::Hex(RandomU64(), absl::kZeroPad16));
+      if ((rc = fi_setname(&ep->fid, name.data(), name.size() + 1)) != 0) {
+        return fail(FiError(rc, "fi_setname"));
+      }
     }
     if ((rc = fi_enable(ep)) != 0) return fail(FiError(rc, "fi_enable"));
     size_t len = sizeof(mine.name);
