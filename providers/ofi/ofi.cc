@@ -33,6 +33,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
@@ -48,6 +49,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -334,6 +336,76 @@ struct Request {
 
 // ------------------------------------------------------------ memory
 
+// The domain lock. Domains are opened FI_THREAD_DOMAIN, so every call on a
+// domain and its objects is serialized here, fi_close of a memory
+// registration included. But registrations are revoked inside free() and
+// munmap() (core's release hooks) on any thread: one already inside
+// libfabric under this lock, or one holding locks that a holder of this
+// lock may wait for. Revoking therefore never blocks on it: the MR is closed
+// at once if the lock is free (TryLock), else parked here and closed by the
+// next holder, before it makes its own call. Hand-written: std::mutex has no
+// owner query and no hook at acquisition.
+class ABSL_LOCKABLE DomainMutex {
+ public:
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    mu_.Lock();
+    owner_.store(pthread_self(), std::memory_order_relaxed);
+    ClosePending();
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    ClosePending();
+    owner_.store(pthread_t{}, std::memory_order_relaxed);
+    mu_.Unlock();
+  }
+  // Closes `mr` now if the lock is free, else parks it for the next holder.
+  // Async-signal-safe in spirit: no allocation, no blocking.
+  void CloseMr(fid_mr* mr) noexcept {
+    if (!pthread_equal(owner_.load(std::memory_order_relaxed), pthread_self()) && mu_.TryLock()) {
+      owner_.store(pthread_self(), std::memory_order_relaxed);
+      fi_close(&mr->fid);
+      Unlock();
+      return;
+    }
+    for (auto& slot : pending_) {
+      fid_mr* expected = nullptr;
+      if (slot.compare_exchange_strong(expected, mr, std::memory_order_acq_rel)) {
+        npending_.fetch_add(1, std::memory_order_release);
+        return;
+      }
+    }
+    // Thousands of revocations parked at once: leave this MR open (the
+    // provider keeps its record; the memory itself is the caller's).
+  }
+
+ private:
+  void ClosePending() {
+    while (npending_.load(std::memory_order_acquire) > 0) {
+      for (auto& slot : pending_) {
+        if (fid_mr* mr = slot.exchange(nullptr, std::memory_order_acq_rel)) {
+          npending_.fetch_sub(1, std::memory_order_acq_rel);
+          fi_close(&mr->fid);  // may park more (release hooks): the loop takes them
+        }
+      }
+    }
+  }
+
+  Mutex mu_;
+  std::atomic<pthread_t> owner_{};
+  std::atomic<int> npending_{0};
+  std::array<std::atomic<fid_mr*>, 4096> pending_{};
+};
+
+class ABSL_SCOPED_LOCKABLE DomLock {
+ public:
+  explicit DomLock(DomainMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~DomLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  DomLock(const DomLock&) = delete;
+  DomLock& operator=(const DomLock&) = delete;
+
+ private:
+  DomainMutex* const mu_;
+};
+
 // The fabric's private record of one registration: what AccessLocal checks
 // (never the range a key claims). `active` counts accesses in progress, so
 // that Revoke waits for them without taking a lock.
@@ -362,15 +434,17 @@ class OfiRegion final : public MemoryRegion {
     return k;
   }
   // Stops emulated access (waiting for one in progress) and closes the MR,
-  // which stops native access; libfabric frees no user memory, so this is
-  // safe from the memory-release hooks. No lock, no allocation.
+  // which stops native access: at once when the domain lock is free, else
+  // by its next holder (DomainMutex). Safe from the memory-release hooks: no
+  // blocking lock, no allocation.
   void Revoke() noexcept override {
     if (!record_->revoked.exchange(true, std::memory_order_seq_cst)) {
       while (record_->active.load(std::memory_order_seq_cst) != 0) sched_yield();
     }
     fid_mr* mr = mr_.exchange(nullptr);
-    if (mr != nullptr) fi_close(&mr->fid);
+    if (mr != nullptr) CloseMr(mr);
   }
+  void CloseMr(fid_mr* mr) noexcept;
 
  private:
   OfiFabric* fabric_;
@@ -455,6 +529,7 @@ class OfiFabric final : public Fabric {
   static absl::StatusOr<std::unique_ptr<Fabric>> Open(const FabricSpec& spec);
   ~OfiFabric() override {
     ReleaseCache();
+    { DomLock lock(&dom_mu_); }  // closes registrations parked by revocations
     if (domain_) fi_close(&domain_->fid);
     if (fabric_) fi_close(&fabric_->fid);
     if (info_) fi_freeinfo(info_);
@@ -464,7 +539,7 @@ class OfiFabric final : public Fabric {
   fi_info* info() const { return info_; }
   fid_domain* domain() const { return domain_; }
   fid_fabric* fabric() const { return fabric_; }
-  Mutex& dom_mu() { return dom_mu_; }
+  DomainMutex& dom_mu() { return dom_mu_; }
   bool atomics_native() const { return atomics_native_; }
   bool rma_native() const { return rma_native_; }
   bool msg() const { return msg_; }
@@ -497,7 +572,7 @@ class OfiFabric final : public Fabric {
     uint64_t requested_key = next_key_.fetch_add(1);  // ignored with FI_MR_PROV_KEY
     int rc;
     {
-      MutexLock lock(&dom_mu_);
+      DomLock lock(&dom_mu_);
       rc = fi_mr_reg(domain_, addr, len, fi_access, 0, requested_key, 0, &mr, nullptr);
     }
     if (rc != 0) {
@@ -515,7 +590,7 @@ class OfiFabric final : public Fabric {
       uint64_t base = 0;
       rc = fi_mr_raw_attr(mr, &base, raw.data(), &key_size, 0);
       if (rc != 0) {
-        fi_close(&mr->fid);
+        dom_mu_.CloseMr(mr);
         return FiError(rc, "fi_mr_raw_attr", "the provider's raw keys exceed 119 bytes");
       }
       blob[0] = flags | kBlobRaw;
@@ -603,7 +678,7 @@ class OfiFabric final : public Fabric {
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
-  Mutex dom_mu_;
+  DomainMutex dom_mu_;
   bool atomics_native_ = false;
   bool rma_native_ = false;
   bool msg_ = false;  // FI_EP_MSG endpoints (else FI_EP_RDM)
@@ -614,6 +689,8 @@ class OfiFabric final : public Fabric {
   Mutex regs_mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<RegRecord>> regs_ ABSL_GUARDED_BY(regs_mu_);
 };
+
+void OfiRegion::CloseMr(fid_mr* mr) noexcept { fabric_->dom_mu().CloseMr(mr); }
 
 OfiRegion::~OfiRegion() {
   Revoke();
@@ -839,7 +916,7 @@ class OfiEndpoint final : public Endpoint {
   // MSG: both halves are connected; the endpoint joins its CQ.
   void Connected() {
     {
-      MutexLock lock(&fab_->dom_mu());
+      DomLock lock(&fab_->dom_mu());
       sockaddr_storage ss{};
       size_t len = sizeof(ss);
       if (fi_getname(&ep_->fid, &ss, &len) == 0) info_.local_address = FormatHostPort(ss);
@@ -877,7 +954,7 @@ class OfiEndpoint final : public Endpoint {
 
   // Posts the control receives; called once after construction.
   absl::Status Start() {
-    MutexLock lock(&fab_->dom_mu());
+    DomLock lock(&fab_->dom_mu());
     for (int i = 0; i < kControlRecvs; ++i) {
       if (auto st = PostControlRecvLocked(); !st.ok()) return st;
     }
@@ -960,7 +1037,7 @@ class OfiEndpoint final : public Endpoint {
   void SendFin() {
     std::vector<Completion> out;
     {
-      MutexLock lock(&fab_->dom_mu());
+      DomLock lock(&fab_->dom_mu());
       if (dead_ || ep_ == nullptr || !connected_) return;
       ProgressLocked(&out, nullptr);
       uint8_t fin[9];
@@ -1057,7 +1134,7 @@ class OfiEndpoint final : public Endpoint {
       ssize_t n = ::recv(oob_.get(), fin, sizeof(fin), MSG_PEEK | MSG_DONTWAIT);
       if (n == static_cast<ssize_t>(sizeof(fin)) && fin[0] == kFinMarker) {
         (void)::recv(oob_.get(), fin, sizeof(fin), MSG_DONTWAIT);
-        MutexLock lock(&fab_->dom_mu());
+        DomLock lock(&fab_->dom_mu());
         fin_ = true;
         std::memcpy(&fin_count_, fin + 1, 8);
         n = ::recv(oob_.get(), fin, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -1071,7 +1148,7 @@ class OfiEndpoint final : public Endpoint {
       std::vector<Completion> out;
       bool wait_for_data = false;
       {
-        MutexLock lock(&fab_->dom_mu());
+        DomLock lock(&fab_->dom_mu());
         // Take what the provider finished before it saw the end (the FIN
         // among it, on MSG endpoints).
         if (!dead_) ProgressLocked(&out, nullptr);
@@ -1105,7 +1182,7 @@ class OfiEndpoint final : public Endpoint {
   // MSG: reads the event queue; true once the control connection is shut
   // down (its end follows the FIN in its byte stream) or failed.
   bool ReadEq() {
-    MutexLock lock(&fab_->dom_mu());
+    DomLock lock(&fab_->dom_mu());
     if (eq_ == nullptr) return eq_gone_;
     for (;;) {
       uint32_t event = 0;
@@ -1207,7 +1284,7 @@ class OfiEndpoint final : public Endpoint {
   }
 
   absl::Status Submit(Request* r, const PostFn& post) {
-    MutexLock lock(&fab_->dom_mu());
+    DomLock lock(&fab_->dom_mu());
     if (closed_ || dead_) {
       delete r;
       return closed_ ? MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
@@ -1274,7 +1351,7 @@ class OfiEndpoint final : public Endpoint {
                    const RemoteKey& rkey, uint64_t context) {
     uint64_t key = 0, addr = 0;
     {
-      MutexLock lock(&fab_->dom_mu());
+      DomLock lock(&fab_->dom_mu());
       if (auto st = DecodeKey(rkey, remote_addr, len, /*atomic=*/false, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, len);
@@ -1314,7 +1391,7 @@ class OfiEndpoint final : public Endpoint {
     }
     uint64_t key = 0, addr = 0;
     {
-      MutexLock lock(&fab_->dom_mu());
+      DomLock lock(&fab_->dom_mu());
       if (auto st = DecodeKey(rkey, remote_addr, 8, /*atomic=*/true, &key, &addr); !st.ok()) return st;
     }
     auto* r = NewRequest(op, context, 8);
@@ -1357,7 +1434,7 @@ class OfiEndpoint final : public Endpoint {
     std::vector<Completion> out;
     bool fail_emulated = false;
     {
-      MutexLock lock(&fab_->dom_mu());
+      DomLock lock(&fab_->dom_mu());
       if (closed) closed_ = true;
       if (dead_) return;
       dead_ = true;
@@ -1456,7 +1533,7 @@ size_t OfiCq::Progress() {
   std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
   size_t n = 0;
   {
-    MutexLock lock(&fabric_->dom_mu());
+    DomLock lock(&fabric_->dom_mu());
     for (OfiEndpoint* ep : endpoints_) {
       std::vector<std::vector<uint8_t>> control;
       n += ep->ProgressLocked(&out, &control);
@@ -1490,7 +1567,7 @@ bool OfiCq::ArmProvider() {
     if (fid_eq* eq = ep->eq_fid()) fids.push_back(&eq->fid);
   }
   if (fids.empty()) return true;
-  MutexLock lock(&fabric_->dom_mu());
+  DomLock lock(&fabric_->dom_mu());
   return fi_trywait(fabric_->fabric(), fids.data(), static_cast<int>(fids.size())) == FI_SUCCESS;
 }
 
@@ -1557,7 +1634,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   };
   OfiHello mine{};
   {
-    MutexLock lock(&dom_mu_);
+    DomLock lock(&dom_mu_);
     int rc = fi_endpoint(domain_, info_, &ep, nullptr);
     if (rc != 0) return fail(FiError(rc, "fi_endpoint"));
     fi_av_attr av_attr{};
@@ -1609,7 +1686,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   }
   fi_addr_t peer_addr = FI_ADDR_UNSPEC;
   {
-    MutexLock lock(&dom_mu_);
+    DomLock lock(&dom_mu_);
     int rc = fi_av_insert(av, theirs.name, 1, &peer_addr, 0, nullptr);
     if (rc != 1) {
       return fail(FiError(rc < 0 ? rc : -FI_EINVAL, "fi_av_insert of the peer's address",
@@ -1733,14 +1810,14 @@ struct CmEvent {
 // Reads one event from `eq` (sleeping on its fd, reading under the domain
 // lock), until `deadline`. Error entries become statuses naming `what`
 // (and set *error_entry, when given).
-absl::StatusOr<uint32_t> EqNext(Mutex* dom_mu, fid_eq* eq, int fd, CmEvent* ev, size_t* len,
+absl::StatusOr<uint32_t> EqNext(DomainMutex* dom_mu, fid_eq* eq, int fd, CmEvent* ev, size_t* len,
                                 absl::Time deadline, absl::string_view what,
                                 bool* error_entry = nullptr) {
   for (;;) {
     uint32_t event = 0;
     ssize_t n;
     {
-      MutexLock lock(dom_mu);
+      DomLock lock(dom_mu);
       n = fi_eq_read(eq, &event, ev->raw, sizeof(ev->raw), 0);
       if (n == -FI_EAVAIL) {
         fi_eq_err_entry err{};
@@ -1783,7 +1860,7 @@ class OfiMsgListener final : public Listener {
     MutexLock lock(&mu_);
     for (auto& p : pending_) {
       {
-        MutexLock dom(&fabric_->dom_mu());
+        DomLock dom(&fabric_->dom_mu());
         fi_reject(pep_, p.info->handle, nullptr, 0);
       }
       fi_freeinfo(p.info);
@@ -1822,7 +1899,7 @@ class OfiMsgListener final : public Listener {
 
   void Reject(fi_info* info) {
     {
-      MutexLock dom(&fabric_->dom_mu());
+      DomLock dom(&fabric_->dom_mu());
       fi_reject(pep_, info->handle, nullptr, 0);
     }
     fi_freeinfo(info);
@@ -1964,7 +2041,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_
   fid_cq* fcq = nullptr;
   int fcq_fd = -1;
   auto fail = [&](absl::Status st) {
-    MutexLock lock(&dom_mu_);
+    DomLock lock(&dom_mu_);
     if (cep) fi_close(&cep->fid);
     if (ep) fi_close(&ep->fid);
     if (fcq) fi_close(&fcq->fid);
@@ -1977,7 +2054,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_
                           "create the CQ with the same fabric as the endpoint"));
   }
   {
-    MutexLock lock(&dom_mu_);
+    DomLock lock(&dom_mu_);
     int rc;
     if (auto st = OpenEq(fabric_, &eq, &eq_fd); !st.ok()) return fail(st);
     if ((rc = fi_endpoint(domain_, data_info, &ep, nullptr)) != 0) return fail(FiError(rc, "fi_endpoint"));
@@ -2002,7 +2079,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_
   const std::string what = active ? "connecting an ofi endpoint" : "accepting an ofi connection";
   if (auto st = endpoint->Start(); !st.ok()) return st;  // control receives before the peer can send
   {
-    MutexLock lock(&dom_mu_);
+    DomLock lock(&dom_mu_);
     int rc;
     if (active) {
       CmData cm{kHelloMagic, kHelloVersion, kCmData, 0, nonce};
