@@ -274,8 +274,11 @@ class Listener {
   virtual std::string address() const = 0;
   // Readable when Accept would not block.
   virtual int fd() const = 0;
-  // Waits up to `timeout` for a connection; DeadlineExceeded if none came.
-  // Completions of the new endpoint go to `cq`.
+  // Waits up to `timeout` for a connection to arrive; DeadlineExceeded if
+  // none came. The set-up of one that arrived is bounded by the fabric's
+  // connect timeout (connect_timeout_ms), not by `timeout`, so a caller may
+  // wait in short slices without cutting handshakes short. Completions of
+  // the new endpoint go to `cq`.
   virtual absl::StatusOr<std::unique_ptr<Endpoint>> Accept(
       CompletionQueue* cq, absl::Duration timeout) = 0;
 };

@@ -7,8 +7,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -266,8 +268,12 @@ absl::Status Socket::Listen(int backlog) {
   auto engine = SocketEngine();
   if (!engine.ok()) return engine.status();
   MutexLock lock(&mu_);
+  // As listen(2): at least one, at most SOMAXCONN finished connections wait.
+  const size_t queue = static_cast<size_t>(std::clamp(backlog, 1, SOMAXCONN));
   if (state_ == State::kListening) {
-    if (backlog > 0) ::listen(fd_, backlog);  // adjusts the backlog, as listen(2) does
+    backlog_ = queue;  // adjusts the backlog, as listen(2) does
+    if (listener_ && backlog > 0) ::listen(listener_->fd(), backlog);
+    accepted_cv_.SignalAll();
     return absl::OkStatus();
   }
   if (state_ != State::kNew && state_ != State::kBound) {
@@ -286,56 +292,55 @@ absl::Status Socket::Listen(int backlog) {
   sdp::ConnectionOptions options = OptionsLocked();
   auto l = (*engine)->Listen(local_.ToString(), options);
   if (!l.ok()) return l.status();
-  // The program's fd number becomes the listener's own fd (a socket that is
-  // readable when a connection waits), so poll/epoll on it need no mirror.
+  int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (efd < 0) return ErrnoStatus(errno, "eventfd for a listening socket failed");
+  acceptor_stop_ = Fd(efd);
+  // The program's fd is readable while a finished connection waits; a
+  // listening socket is never writable (as in the kernel).
   {
     MutexLock rl(&rfd_mu_);
-    int cloexec = ::fcntl(fd_, F_GETFD) & FD_CLOEXEC;
-    if (::dup3((*l)->fd(), fd_, cloexec ? O_CLOEXEC : 0) < 0) {
-      return ErrnoStatus(errno, "dup3 of the listener's fd onto the socket's fd failed");
-    }
-    rfd_->ReleaseFd();  // fd_ now names the listener; we close it in Close
-    rfd_.reset();
+    rfd_->SetReadable(false);
+    rfd_->SetWritable(false);
   }
-  if (backlog > 0) ::listen(fd_, backlog);  // honour the backlog (kernel listeners)
+  // The provider listener's kernel socket (if any) holds the
+  // not-yet-accepted connections.
+  if (backlog > 0) ::listen((*l)->fd(), backlog);
+  backlog_ = queue;
   listener_ = std::move(*l);
   state_ = State::kListening;
+  acceptor_ = std::thread([this, lp = listener_.get()] { AcceptLoop(lp); });
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Socket>> Socket::Accept(int flags, SocketAddress* peer) {
-  sdp::Listener* listener;
+  std::unique_ptr<sdp::Connection> conn;
   {
     MutexLock lock(&mu_);
-    if (state_ != State::kListening) return Err(EINVAL, "accept: the socket is not listening");
-    listener = listener_.get();
-  }
-  // Accept in slices so that Close from another thread ends a blocked accept.
-  for (;;) {
-    pollfd p{fd_, POLLIN, 0};
-    int rc = ::poll(&p, 1, nonblocking() ? 0 : 100);
-    {
-      MutexLock lock(&mu_);
-      if (state_ != State::kListening) return Err(EBADF, "accept: the socket was closed");
-    }
-    if (rc < 0 && errno != EINTR) return ErrnoStatus(errno, "poll on a listening socket failed");
-    if (rc <= 0) {
-      if (nonblocking()) return Err(EAGAIN, "accept: no connection is waiting");
-      continue;
-    }
-    // The provider handshake and SDP Hello take at most connect_timeout_ms.
-    auto conn = listener->Accept(absl::Now() + absl::Seconds(10));
-    if (!conn.ok()) {
-      if (nonblocking() && StatusErrno(conn.status()) == EAGAIN) {
-        return Err(EAGAIN, "accept: no connection is waiting");
+    // SO_RCVTIMEO bounds a blocking accept, as for TCP.
+    const absl::Time deadline = (rcvtimeo_.tv_sec == 0 && rcvtimeo_.tv_usec == 0)
+                                    ? absl::InfiniteFuture()
+                                    : absl::Now() + absl::DurationFromTimeval(rcvtimeo_);
+    for (;;) {
+      if (state_ != State::kListening) {
+        return state_ == State::kClosed ? Err(EBADF, "accept: the socket was closed")
+                                        : Err(EINVAL, "accept: the socket is not listening");
       }
-      // A client that went away during the handshake is not the listener's
-      // failure: like ECONNABORTED from accept(2), try the next one.
-      ZS_LOG(kInfo, "accept: a connection failed during set-up: %s", conn.status().ToString());
-      if (nonblocking()) return Err(ECONNABORTED, "accept: the connection failed during set-up");
-      continue;
+      if (!accepted_.empty()) break;
+      if (nonblocking()) return Err(EAGAIN, "accept: no connection is waiting");
+      if (accepted_cv_.WaitWithDeadline(&mu_, deadline) && accepted_.empty()) {
+        return Err(EAGAIN, "accept: timed out (SO_RCVTIMEO)");
+      }
     }
-    auto s = FromConnection(family_, std::move(*conn), flags);
+    conn = std::move(accepted_.front());
+    accepted_.pop_front();
+    if (accepted_.empty()) {
+      MutexLock rl(&rfd_mu_);
+      if (rfd_) rfd_->SetReadable(false);
+    }
+    accepted_cv_.SignalAll();  // room in the queue for the acceptor
+  }
+  {
+    auto s = FromConnection(family_, std::move(conn), flags);
     if (!s.ok()) return s.status();
     {
       MutexLock lock(&(*s)->mu_);
@@ -353,6 +358,66 @@ absl::StatusOr<std::shared_ptr<Socket>> Socket::Accept(int flags, SocketAddress*
       if (peer != nullptr) *peer = (*s)->peer_;
     }
     return s;
+  }
+}
+
+void Socket::AcceptLoop(sdp::Listener* l) {
+  for (;;) {
+    {
+      // Like a full kernel accept queue: leave further connections waiting
+      // in the provider until the program accepts.
+      MutexLock lock(&mu_);
+      while (state_ == State::kListening && accepted_.size() >= backlog_) accepted_cv_.Wait(&mu_);
+      if (state_ != State::kListening) return;
+    }
+    pollfd p[2] = {{l->fd(), POLLIN, 0}, {acceptor_stop_.get(), POLLIN, 0}};
+    int rc = ::poll(p, 2, -1);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      ZS_LOG(kError, "accept: poll on the listener failed (%s); this socket accepts no more",
+             std::strerror(errno));
+      return;
+    }
+    if (p[1].revents != 0) return;
+    if (p[0].revents == 0) continue;
+    // Short waits for an arrival (the fd may be readable with nothing to
+    // take, e.g. libfabric's EQ), so Close is noticed; an arrived
+    // connection's set-up has connect_timeout_ms (sdp::Listener::Accept).
+    auto conn = l->Accept(absl::Now() + absl::Milliseconds(200));
+    if (!conn.ok()) {
+      // Nothing there after all (another process took it), or a client that
+      // went away or stalled during set-up: not the listener's failure; the
+      // program never sees it (as the kernel drops a half-open connection).
+      if (StatusErrno(conn.status()) != EAGAIN && !absl::IsDeadlineExceeded(conn.status())) {
+        ZS_LOG(kInfo, "accept: a connection failed during set-up: %s", conn.status().ToString());
+      }
+      if (p[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+        // A broken listener would wake this loop forever.
+        ZS_LOG(kError, "accept: the provider's listener failed; this socket accepts no more");
+        return;
+      }
+      continue;
+    }
+    MutexLock lock(&mu_);
+    if (state_ != State::kListening) return;  // closed meanwhile: the connection is dropped
+    accepted_.push_back(std::move(*conn));
+    {
+      MutexLock rl(&rfd_mu_);
+      if (rfd_) rfd_->SetReadable(true);
+    }
+    accepted_cv_.SignalAll();
+  }
+}
+
+void Socket::StopAcceptor() {
+  if (!acceptor_.joinable()) return;
+  uint64_t one = 1;
+  (void)!::write(acceptor_stop_.get(), &one, sizeof(one));
+  accepted_cv_.SignalAll();
+  if (acceptor_.get_id() == std::this_thread::get_id()) {
+    acceptor_.detach();  // cannot happen: the acceptor never closes its socket
+  } else {
+    acceptor_.join();
   }
 }
 
@@ -512,6 +577,7 @@ absl::Status Socket::Shutdown(int how) {
 absl::Status Socket::Close() {
   std::shared_ptr<sdp::Connection> c;
   std::unique_ptr<sdp::Listener> l;
+  std::deque<std::unique_ptr<sdp::Connection>> unaccepted;
   bool abortive = false;
   {
     MutexLock lock(&mu_);
@@ -522,6 +588,16 @@ absl::Status Socket::Close() {
     port_reservation_.reset();
     abortive = linger_.l_onoff && linger_.l_linger == 0;
   }
+  // The acceptor uses the listener: it ends (after a handshake in progress)
+  // before the listener goes. Connections never accepted are reset, as the
+  // kernel resets those left in a closed listener's queue.
+  StopAcceptor();
+  {
+    MutexLock lock(&mu_);
+    unaccepted.swap(accepted_);
+  }
+  for (auto& u : unaccepted) u->Abort();
+  unaccepted.clear();
   if (c) {
     if (abortive) {
       c->Abort();  // SO_LINGER {1, 0}: reset, as TCP sends RST
@@ -539,11 +615,7 @@ absl::Status Socket::Close() {
   }
   l.reset();
   MutexLock rl(&rfd_mu_);
-  if (rfd_) {
-    rfd_.reset();  // closes fd_
-  } else if (fd_ >= 0) {
-    ::close(fd_);  // a listener's fd
-  }
+  rfd_.reset();  // closes fd_
   fd_ = -1;
   return absl::OkStatus();
 }
@@ -708,10 +780,8 @@ short Socket::Events() {
   {
     MutexLock lock(&mu_);
     switch (state_) {
-      case State::kListening: {
-        pollfd p{fd_, POLLIN, 0};
-        return ::poll(&p, 1, 0) == 1 ? static_cast<short>(p.revents & POLLIN) : 0;
-      }
+      case State::kListening:
+        return accepted_.empty() ? 0 : POLLIN;
       case State::kConnecting:
         return 0;
       case State::kConnected:

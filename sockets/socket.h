@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/fd.h"
 #include "core/mutex.h"
 #include "core/sdp/connection.h"
 #include "core/sdp/engine.h"
@@ -102,6 +104,13 @@ class Socket : public std::enable_shared_from_this<Socket> {
   sdp::ConnectionOptions OptionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<sdp::Connection> conn() const;
   absl::Status ConnectError(const absl::Status& why, const SocketAddress& to);
+  // A listening socket's acceptor thread: takes provider connections and
+  // completes their handshakes (provider set-up and SDP Hello) in the
+  // background, queueing finished connections (at most backlog_) for
+  // Accept, which therefore never waits on a slow or silent client.
+  void AcceptLoop(sdp::Listener* l);
+  // Stops and joins the acceptor (Close; mu_ not held).
+  void StopAcceptor();
 
   const int family_;
   int fd_;
@@ -114,6 +123,11 @@ class Socket : public std::enable_shared_from_this<Socket> {
   std::unique_ptr<sdp::Listener> listener_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<sdp::Connection> conn_ ABSL_GUARDED_BY(mu_);
   std::thread connector_ ABSL_GUARDED_BY(mu_);  // a non-blocking connect
+  std::thread acceptor_;  // started by Listen, joined by Close
+  Fd acceptor_stop_;      // eventfd: readable when the acceptor must end
+  std::deque<std::unique_ptr<sdp::Connection>> accepted_ ABSL_GUARDED_BY(mu_);
+  size_t backlog_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar accepted_cv_;   // accepted_ or state_ changed
   absl::Status so_error_ ABSL_GUARDED_BY(mu_);  // SO_ERROR, cleared by reading
   Fd port_reservation_ ABSL_GUARDED_BY(mu_);    // holds the bound port
   // Options.

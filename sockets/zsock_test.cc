@@ -17,11 +17,13 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cinttypes>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -125,8 +127,9 @@ class Sockets : public ::testing::TestWithParam<Param> {
     setenv("ZSOCK_ZCOPY_THRESHOLD", "16384", 1);
     // Many connections set up at once on a loaded 2-core machine (ofi's
     // per-connection endpoints are slow to make): allow a minute.
-    setenv("ZSOCK_CONNECT_TIMEOUT_MS", "60000", 1);
+    setenv("ZSOCK_CONNECT_TIMEOUT_MS", connect_timeout_ms_.c_str(), 1);
   }
+  std::string connect_timeout_ms_ = "60000";
 
   // A listening socket on 127.0.0.1:<free port>; exits kSkipExit if the
   // provider cannot run here.
@@ -368,6 +371,76 @@ TEST_P(Sockets, ConnectRefused) {
           CHECK_C(rc == -1 && errno == ECONNREFUSED);
         }
         CHECK_C(zs_close(fd) == 0);
+        return 0;
+      });
+}
+
+// A client that opens the provider-level connection and then says nothing
+// (a stalled or hostile handshake). Knows where each provider listens:
+// unet on an abstract Unix SEQPACKET socket named after the port, ofi's RDM
+// bootstrap and ucx on the TCP port itself (ucx starts no handshake for a
+// silent TCP client, so there it stalls nothing). Returns -1 if neither
+// connects.
+int StallConnect(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = Loopback(port);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  sockaddr_un u{};
+  u.sun_family = AF_UNIX;
+  std::string name = "zsock-unet/port/" + std::to_string(port);
+  std::memcpy(u.sun_path + 1, name.data(), name.size());
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&u), len) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
+// accept(2) on a non-blocking listener never waits: handshakes finish in
+// the background, and a client that stalls its handshake delays no accept
+// call (it is dropped after the server's connect_timeout_ms; the clients
+// behind it are accepted then: handshakes run one at a time).
+TEST_P(Sockets, NonblockingAcceptNeverWaitsForAHandshake) {
+  connect_timeout_ms_ = "1500";
+  RunPair(
+      [&](int l) {
+        CHECK_C(zs_fcntl(l, F_SETFL, zs_fcntl(l, F_GETFL) | O_NONBLOCK) == 0);
+        // Nothing finished: EAGAIN at once, and the fd is not readable.
+        absl::Time t0 = absl::Now();
+        CHECK_C(zs_accept(l, nullptr, nullptr) == -1 && errno == EAGAIN);
+        CHECK_C(absl::Now() - t0 < absl::Seconds(1));
+        pollfd pf{l, POLLIN | POLLOUT, 0};
+        CHECK_C(::poll(&pf, 1, 0) == 0);  // neither readable nor writable
+        int fd = -1;
+        while (fd < 0) {
+          pf = pollfd{l, POLLIN, 0};
+          CHECK_C(::poll(&pf, 1, 30000) == 1);
+          t0 = absl::Now();
+          fd = zs_accept(l, nullptr, nullptr);
+          CHECK_C(absl::Now() - t0 < absl::Seconds(1));  // the call itself never waits
+          CHECK_C(fd >= 0 || errno == EAGAIN);
+        }
+        // It is the real client, and the queue is empty again.
+        char c = 0;
+        CHECK_C(zs_recv(fd, &c, 1, MSG_WAITALL) == 1 && c == 'x');
+        CHECK_C(zs_send(fd, &c, 1, 0) == 1);
+        CHECK_C(zs_accept(l, nullptr, nullptr) == -1 && errno == EAGAIN);
+        CHECK_C(zs_close(fd) == 0);
+        CHECK_C(zs_close(l) == 0);
+        return 0;
+      },
+      [&](uint16_t port) {
+        // This client waits longer than the server gives the stalled one.
+        setenv("ZSOCK_CONNECT_TIMEOUT_MS", "60000", 1);
+        int stalled = StallConnect(port);  // first in the listener's queue
+        usleep(100000);
+        int fd = ConnectTo(port);
+        char c = 'x';
+        CHECK_C(zs_send(fd, &c, 1, 0) == 1);
+        CHECK_C(zs_recv(fd, &c, 1, MSG_WAITALL) == 1 && c == 'x');
+        CHECK_C(zs_close(fd) == 0);
+        if (stalled >= 0) ::close(stalled);
         return 0;
       });
 }

@@ -283,7 +283,12 @@ int Listener::fd() const { return listener_->fd(); }
 absl::StatusOr<std::unique_ptr<Connection>> Listener::Accept(absl::Time deadline) {
   auto ep = listener_->Accept(engine_->cq_.get(), Until(deadline));
   if (!ep.ok()) return ep.status();
-  return engine_->Start(std::move(*ep), options_, /*active=*/false, deadline);
+  // Arrived: the SDP Hello gets the connect timeout, as the provider's
+  // set-up does (a caller waiting in short slices cuts no handshake short).
+  const auto& config = Config::Global();
+  const int64_t ms = config.ok() ? config->GetInt("connect_timeout_ms") : 10000;
+  return engine_->Start(std::move(*ep), options_, /*active=*/false,
+                        std::max(deadline, absl::Now() + absl::Milliseconds(ms)));
 }
 
 }  // namespace zsock::sdp

@@ -50,8 +50,9 @@ class Listener {
   std::string address() const;
   // Readable when a provider-level connection is waiting.
   int fd() const;
-  // Accepts one connection and completes the SDP handshake (Hello/HelloAck)
-  // by `deadline`.
+  // Waits until `deadline` for a connection to arrive (DeadlineExceeded if
+  // none did), then completes its set-up and the SDP handshake
+  // (Hello/HelloAck) within connect_timeout_ms (or `deadline`, if later).
   absl::StatusOr<std::unique_ptr<Connection>> Accept(
       absl::Time deadline = absl::InfiniteFuture());
 

@@ -1719,8 +1719,8 @@ class OfiListener final : public Listener {
     sockaddr_storage peer{};
     auto fd = AcceptUntil(sock_.get(), deadline, absl::StrCat("ofi address ", address_), 0, &peer);
     if (!fd.ok()) return fd.status();
-    absl::Duration hs = std::min(fabric_->settings().connect_timeout,
-                                 std::max(deadline - absl::Now(), absl::Seconds(1)));
+    // Arrived: its set-up gets the connect timeout (Listener::Accept).
+    absl::Duration hs = fabric_->settings().connect_timeout;
     return fabric_->Establish(std::move(*fd), address_, FormatHostPort(peer), cq, absl::Now() + hs);
   }
 
@@ -1877,8 +1877,7 @@ class OfiMsgListener final : public Listener {
     auto data = Take(kCmData, 0, deadline);
     if (!data.ok()) return data.status();
     // The control half follows within the connect timeout.
-    absl::Time ctrl_deadline =
-        std::max(deadline, absl::Now() + std::min(fabric_->settings().connect_timeout, absl::Seconds(10)));
+    absl::Time ctrl_deadline = absl::Now() + fabric_->settings().connect_timeout;
     auto ctrl = Take(kCmControl, data->cm.nonce, ctrl_deadline);
     if (!ctrl.ok()) {
       Reject(data->info);

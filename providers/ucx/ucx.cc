@@ -2100,8 +2100,8 @@ class UcxListener final : public Listener {
     if (!fd.ok()) return fd.status();
     int one = 1;
     ::setsockopt(fd->get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    absl::Duration hs = std::min(fabric_->settings().connect_timeout,
-                                 std::max(deadline - absl::Now(), absl::Seconds(1)));
+    // Arrived: its set-up gets the connect timeout (Listener::Accept).
+    absl::Duration hs = fabric_->settings().connect_timeout;
     return fabric_->Handshake(std::move(*fd), cq, absl::Now() + hs);
   }
 

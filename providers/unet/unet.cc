@@ -1564,8 +1564,8 @@ class UnetListener final : public Listener {
     absl::Time deadline = absl::Now() + timeout;
     auto fd = AcceptUntil(sock_.get(), deadline, absl::StrCat("unet address '", address_, "'"));
     if (!fd.ok()) return fd.status();
-    absl::Duration hs = std::min(fabric_->settings().connect_timeout,
-                                 std::max(deadline - absl::Now(), absl::Seconds(1)));
+    // Arrived: its set-up gets the connect timeout (Listener::Accept).
+    absl::Duration hs = fabric_->settings().connect_timeout;
     return fabric_->Handshake(std::move(*fd), address_, "", cq, absl::Now() + hs);
   }
 

@@ -953,7 +953,9 @@ class VerbsListener final : public Listener {
         rdma_destroy_id(child);
         continue;
       }
-      auto ep = Establish(child, *peer, peer_initiator, peer_responder, cq, deadline);
+      // Arrived: its set-up gets the connect timeout (Listener::Accept).
+      auto ep = Establish(child, *peer, peer_initiator, peer_responder, cq,
+                          absl::Now() + absl::Milliseconds(fabric_->settings().connect_timeout_ms));
       if (!ep.ok()) {
         ZS_LOG(kInfo, "verbs: accepting a connection failed: %s", ep.status().ToString());
         if (absl::Now() >= deadline) return ep.status();
