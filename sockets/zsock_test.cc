@@ -9,6 +9,7 @@
 // (configuration is read once per process). A configuration the server
 // cannot open makes the test SKIPPED with the reason.
 #include "sockets/zsock.h"
+#include "tests/child_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -99,23 +100,10 @@ int ConnectTo(uint16_t port) {
 }
 
 pid_t Fork(std::function<int()> body) {
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(150);  // a hung child must not hang the suite
-    int rc = body();
-    std::fflush(nullptr);
-    _exit(rc);
-  }
-  return pid;
+  return zsock::testutil::SpawnChild(std::move(body), absl::Seconds(150));
 }
 
-int Reap(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -2000;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return -WTERMSIG(status);
-}
+int Reap(pid_t pid) { return zsock::testutil::ReapChild(pid, absl::Seconds(300)); }
 
 using Param = std::tuple<std::string, std::string>;  // provider config, mode
 

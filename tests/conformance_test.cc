@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/provider.h"
+#include "tests/child_process.h"
 #include "core/rcache.h"
 #include "core/sockaddr.h"
 #include "core/status.h"
@@ -54,35 +55,12 @@ constexpr absl::Duration kOpTimeout = absl::Seconds(30);
 
 // Forks a child running `body`; its return value is the exit status.
 pid_t Spawn(std::function<int()> body) {
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(120);  // a hung child must not hang the suite
-    int rc = body();
-    std::fflush(nullptr);
-    _exit(rc);
-  }
-  return pid;
+  return zsock::testutil::SpawnChild(std::move(body), absl::Seconds(120));
 }
 
 // Waits for a child; returns its exit code, or -signal, or -1000 on timeout.
 int Reap(pid_t pid, absl::Duration timeout = absl::Seconds(120)) {
-  absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) return -WTERMSIG(status);
-    }
-    if (r < 0) return -2000;
-    if (absl::Now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1000;
-    }
-    absl::SleepFor(absl::Milliseconds(2));
-  }
+  return zsock::testutil::ReapChild(pid, timeout);
 }
 
 // Waits for exactly one completion.

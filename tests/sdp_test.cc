@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/rcache.h"
+#include "tests/child_process.h"
 #include "core/sdp/engine.h"
 #include "core/sdp/wire.h"
 #include "core/status.h"
@@ -52,34 +53,11 @@ absl::Time Deadline() { return absl::Now() + kCallTimeout; }
   } while (0)
 
 pid_t Spawn(std::function<int()> body) {
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(300);  // a hung child must not hang the suite
-    int rc = body();
-    std::fflush(nullptr);
-    _exit(rc);
-  }
-  return pid;
+  return zsock::testutil::SpawnChild(std::move(body), absl::Seconds(300));
 }
 
 int Reap(pid_t pid, absl::Duration timeout = absl::Seconds(300)) {
-  absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) return -WTERMSIG(status);
-    }
-    if (r < 0) return -2000;
-    if (absl::Now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1000;
-    }
-    absl::SleepFor(absl::Milliseconds(2));
-  }
+  return zsock::testutil::ReapChild(pid, timeout);
 }
 
 // The byte at stream offset i: word (i / 8) of a keyed mix, byte i % 8.
