@@ -339,26 +339,24 @@ absl::StatusOr<std::shared_ptr<Socket>> Socket::Accept(int flags, SocketAddress*
     }
     accepted_cv_.SignalAll();  // room in the queue for the acceptor
   }
+  auto s = FromConnection(family_, std::move(conn), flags);
+  if (!s.ok()) return s.status();
   {
-    auto s = FromConnection(family_, std::move(conn), flags);
-    if (!s.ok()) return s.status();
+    MutexLock lock(&(*s)->mu_);
     {
-      MutexLock lock(&(*s)->mu_);
-      {
-        // This end of the connection: the listener's address, with the
-        // wildcard replaced by the local address that reaches the peer.
-        MutexLock l2(&mu_);
-        SocketAddress local = local_;
-        if (local.is_wildcard() && (*s)->peer_.len != 0) {
-          local = SourceFor((*s)->peer_);
-          local.set_port(local_.port());
-        }
-        (*s)->local_ = local;
+      // This end of the connection: the listener's address, with the
+      // wildcard replaced by the local address that reaches the peer.
+      MutexLock l2(&mu_);
+      SocketAddress local = local_;
+      if (local.is_wildcard() && (*s)->peer_.len != 0) {
+        local = SourceFor((*s)->peer_);
+        local.set_port(local_.port());
       }
-      if (peer != nullptr) *peer = (*s)->peer_;
+      (*s)->local_ = local;
     }
-    return s;
+    if (peer != nullptr) *peer = (*s)->peer_;
   }
+  return s;
 }
 
 void Socket::AcceptLoop(sdp::Listener* l) {
@@ -414,11 +412,7 @@ void Socket::StopAcceptor() {
   uint64_t one = 1;
   (void)!::write(acceptor_stop_.get(), &one, sizeof(one));
   accepted_cv_.SignalAll();
-  if (acceptor_.get_id() == std::this_thread::get_id()) {
-    acceptor_.detach();  // cannot happen: the acceptor never closes its socket
-  } else {
-    acceptor_.join();
-  }
+  acceptor_.join();  // never this thread: the acceptor does not close its socket
 }
 
 absl::Status Socket::ConnectError(const absl::Status& why, const SocketAddress& to) {

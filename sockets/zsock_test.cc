@@ -603,9 +603,7 @@ TEST_P(Sockets, PeerKilledMidTransfer) {
     int fd = zs_accept(l, nullptr, nullptr);
     CHECK_C(fd >= 0);
     // Stream only once the client's connect has returned (it sends a byte):
-    // this test is about a peer dying mid-transfer. (Streaming zcopy right
-    // after accept can reset the client's connect on ofi:shm under load: an
-    // open bug, see docs/sockets.md.)
+    // this test is about a peer dying mid-transfer, not during set-up.
     char go;
     CHECK_C(zs_recv(fd, &go, 1, MSG_WAITALL) == 1);
     std::vector<uint8_t> buf(1 << 20, 0x5a);

@@ -215,14 +215,17 @@ absl::StatusOr<std::unique_ptr<Listener>> Engine::Listen(absl::string_view addre
   return std::unique_ptr<Listener>(new Listener(this, std::move(*l), std::move(options)));
 }
 
+// connect_timeout_ms from the configuration: how long a connection's set-up
+// and SDP handshake may take.
+static absl::Duration ConnectTimeout() {
+  const auto& config = Config::Global();
+  return absl::Milliseconds(config.ok() ? config->GetInt("connect_timeout_ms") : 10000);
+}
+
 absl::StatusOr<std::unique_ptr<Connection>> Engine::Connect(absl::string_view address,
                                                             ConnectionOptions options,
                                                             absl::Time deadline) {
-  if (deadline == absl::InfiniteFuture()) {
-    const auto& config = Config::Global();
-    int64_t ms = config.ok() ? config->GetInt("connect_timeout_ms") : 10000;
-    deadline = absl::Now() + absl::Milliseconds(ms);
-  }
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + ConnectTimeout();
   auto ep = fabric_->Connect(address, cq_.get(), Until(deadline));
   if (!ep.ok()) return ep.status();
   return Start(std::move(*ep), std::move(options), /*active=*/true, deadline);
@@ -285,10 +288,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Listener::Accept(absl::Time deadline
   if (!ep.ok()) return ep.status();
   // Arrived: the SDP Hello gets the connect timeout, as the provider's
   // set-up does (a caller waiting in short slices cuts no handshake short).
-  const auto& config = Config::Global();
-  const int64_t ms = config.ok() ? config->GetInt("connect_timeout_ms") : 10000;
   return engine_->Start(std::move(*ep), options_, /*active=*/false,
-                        std::max(deadline, absl::Now() + absl::Milliseconds(ms)));
+                        std::max(deadline, absl::Now() + ConnectTimeout()));
 }
 
 }  // namespace zsock::sdp
