@@ -139,9 +139,8 @@ std::optional<int64_t> ParamValue(Param param, const Record& r) {
 
 constexpr size_t kMaxSize = size_t{256} << 20;
 constexpr int64_t kMaxProcs = 64;
-// The data paths that exist. azcopy (AZ-SDP, issue 7) joins when it lands;
-// until then it is refused with that reason.
-constexpr const char* kModes[] = {"bcopy", "zcopy"};
+// The data paths ("all" runs each).
+constexpr const char* kModes[] = {"bcopy", "zcopy", "azcopy"};
 
 absl::Status Invalid(absl::string_view what, absl::string_view fix) {
   return MakeError(absl::StatusCode::kInvalidArgument, 0, what, fix);
@@ -356,13 +355,9 @@ absl::StatusOr<Options> ParseOptions(const RawOptions& raw) {
     modes.assign(std::begin(kModes), std::end(kModes));
   } else {
     for (absl::string_view m : absl::StrSplit(raw.mode, ',')) {
-      if (m == "azcopy") {
-        return Invalid("--mode=azcopy: AZ-SDP is not built yet (issue 7)",
-                       "use bcopy, zcopy, or all (= bcopy,zcopy)");
-      }
       if (std::find(std::begin(kModes), std::end(kModes), m) == std::end(kModes)) {
         return Invalid(absl::StrCat("unknown --mode='", raw.mode, "'"),
-                       "use bcopy, zcopy, a comma list of them, or all");
+                       "use bcopy, zcopy, azcopy, a comma list of them, or all");
       }
       if (std::find(modes.begin(), modes.end(), m) == modes.end()) modes.emplace_back(m);
     }

@@ -27,7 +27,7 @@ ABSL_FLAG(std::string, provider, "tcp",
           "zsock provider config string (unet, ofi:tcp;ofi_rxm, ucx:tcp, ...), or tcp for "
           "kernel TCP alone");
 ABSL_FLAG(std::string, mode, "all",
-          "zsock data path: bcopy | zcopy | all (or a comma list; azcopy once AZ-SDP lands); ignored for tcp");
+          "zsock data path: bcopy | zcopy | azcopy | all (or a comma list); ignored for tcp");
 ABSL_FLAG(std::string, sizes, "",
           "message sizes, e.g. 8,64,4K,1M (default: the test's, see docs/benchmarks.md)");
 ABSL_FLAG(std::string, baseline, "", "tcp: also run the identical test over kernel TCP");

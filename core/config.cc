@@ -38,9 +38,20 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
       {"connect_timeout_ms", ConfigType::kInt, "10000",
        "default connect/accept handshake timeout (ms)", {}, 1, 3600000},
       {"mode", ConfigType::kEnum, "bcopy",
-       "SDP data path: bcopy (copy through private buffers) or zcopy (SrcAvail/"
-       "SinkAvail with RDMA at and above zcopy_threshold)",
-       {"bcopy", "zcopy"}},
+       "SDP data path: bcopy (copy through private buffers), zcopy (SrcAvail/"
+       "SinkAvail with RDMA at and above zcopy_threshold) or azcopy (AZ-SDP: "
+       "send returns at once, the buffer is write-protected until pulled; "
+       "docs/azsdp.md)",
+       {"bcopy", "zcopy", "azcopy"}},
+      {"az_policy", ConfigType::kEnum, "copy",
+       "AZ-SDP: a write to a buffer still being sent copies the data aside if "
+       "the receiver has not started pulling it (copy) or always waits (block)",
+       {"copy", "block"}},
+      {"az_adverts", ConfigType::kInt, "16",
+       "AZ-SDP: asynchronous SrcAvails outstanding per connection", {}, 1, 64},
+      {"az_fault_limit", ConfigType::kInt, "5000",
+       "AZ-SDP: faults per second on one connection above which it falls back "
+       "to zcopy (see its statistics)", {}, 1, 100000000},
       {"zcopy_threshold", ConfigType::kSize, "128K",
        "SDP: smallest send (and receive buffer) that goes zero-copy in zcopy mode", {}, 1024,
        int64_t{1} << 30},

@@ -86,6 +86,9 @@ struct Slot {
 Slot g_slots[kMaxHandlers];
 // Number of installed handlers: the fast path is one relaxed load of this.
 std::atomic<int> g_installed{0};
+std::atomic<MemoryReleaseHandler> g_gate{nullptr};
+std::atomic<uint64_t> g_map_generation{0};
+std::atomic<void*> g_gate_arg{nullptr};
 // One past the highest slot index ever used.
 std::atomic<int> g_slot_limit{0};
 // ZSOCK_MEMHOOKS: -1 not read yet, 0 off, 1 on.
@@ -252,6 +255,9 @@ void* StartThreadReady(void* p) {
 
 void Dispatch(uintptr_t addr, size_t len) {
   ++t_bypass;  // handlers' own releases are not reported (no recursion)
+  if (MemoryReleaseHandler gate = g_gate.load(std::memory_order_acquire)) {
+    gate(g_gate_arg.load(std::memory_order_acquire), addr, len);
+  }
   const int limit = g_slot_limit.load(std::memory_order_acquire);
   for (int i = 0; i < limit; ++i) {
     Slot& slot = g_slots[i];
@@ -417,6 +423,7 @@ void ForgetHandlersInChild() {
     slot.active.store(0, std::memory_order_relaxed);
     slot.state.store(kSlotFree, std::memory_order_relaxed);
   }
+  g_gate.store(nullptr, std::memory_order_relaxed);
   g_installed.store(0, std::memory_order_seq_cst);
 }
 
@@ -468,6 +475,18 @@ void RemoveMemoryReleaseHandler(int id) {
   g_installed.fetch_sub(1, std::memory_order_seq_cst);
   slot.state.store(kSlotFree, std::memory_order_release);
 }
+
+void SetMemoryReleaseGate(MemoryReleaseHandler fn, void* arg) {
+  if (!g_atfork_registered.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, ForgetHandlersInChild);
+  }
+  g_gate_arg.store(arg, std::memory_order_release);
+  MemoryReleaseHandler old = g_gate.exchange(fn, std::memory_order_acq_rel);
+  if (old == nullptr && fn != nullptr) g_installed.fetch_add(1, std::memory_order_seq_cst);
+  if (old != nullptr && fn == nullptr) g_installed.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+uint64_t MappingGeneration() { return g_map_generation.load(std::memory_order_acquire); }
 
 bool MemoryHooksActive() { return EnvEnabled() && InterposersInEffect(); }
 
@@ -544,8 +563,10 @@ ZSOCK_NO_SANITIZE int munmap(void* addr, size_t len) noexcept {
   if (ShouldReport() && len != 0) Dispatch(reinterpret_cast<uintptr_t>(addr), len);
   auto real = reinterpret_cast<int (*)(void*, size_t)>(
       ResolveNext(&zsock::g_real_munmap, "munmap"));
-  if (real != nullptr) return real(addr, len);
-  return static_cast<int>(syscall(SYS_munmap, addr, len));
+  int rc = real != nullptr ? real(addr, len)
+                           : static_cast<int>(syscall(SYS_munmap, addr, len));
+  zsock::g_map_generation.fetch_add(1, std::memory_order_release);
+  return rc;
 }
 
 ZSOCK_NO_SANITIZE void* mremap(void* old_address, size_t old_size,
@@ -566,11 +587,12 @@ ZSOCK_NO_SANITIZE void* mremap(void* old_address, size_t old_size,
   }
   auto real = reinterpret_cast<void* (*)(void*, size_t, size_t, int, ...)>(
       ResolveNext(&zsock::g_real_mremap, "mremap"));
-  if (real != nullptr) {
-    return real(old_address, old_size, new_size, flags, new_address);
-  }
-  return reinterpret_cast<void*>(
-      syscall(SYS_mremap, old_address, old_size, new_size, flags, new_address));
+  void* rc = real != nullptr
+                 ? real(old_address, old_size, new_size, flags, new_address)
+                 : reinterpret_cast<void*>(syscall(SYS_mremap, old_address, old_size,
+                                                   new_size, flags, new_address));
+  zsock::g_map_generation.fetch_add(1, std::memory_order_release);
+  return rc;
 }
 
 ZSOCK_NO_SANITIZE int madvise(void* addr, size_t len, int advice) noexcept {
@@ -594,8 +616,9 @@ ZSOCK_NO_SANITIZE int shmdt(const void* addr) noexcept {
   }
   auto real = reinterpret_cast<int (*)(const void*)>(
       ResolveNext(&zsock::g_real_shmdt, "shmdt"));
-  if (real != nullptr) return real(addr);
-  return static_cast<int>(syscall(SYS_shmdt, addr));
+  int rc = real != nullptr ? real(addr) : static_cast<int>(syscall(SYS_shmdt, addr));
+  zsock::g_map_generation.fetch_add(1, std::memory_order_release);
+  return rc;
 }
 
 #ifdef ABSL_HAVE_THREAD_SANITIZER

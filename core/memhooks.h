@@ -43,6 +43,19 @@ int AddMemoryReleaseHandler(MemoryReleaseHandler fn, void* arg);
 // handler takes.
 void RemoveMemoryReleaseHandler(int id);
 
+// Installs the release gate (one per process; nullptr removes it): it runs
+// before every handler, in the releasing thread, and may block. AZ-SDP's
+// guard uses it to make free/munmap of a buffer that is still being sent
+// wait for the transfer (before the registration cache revokes its key).
+// Like handlers, it must not allocate.
+void SetMemoryReleaseGate(MemoryReleaseHandler fn, void* arg);
+
+// Counts munmap/mremap/shmdt calls through the interposers (whether or not
+// handlers are installed): a cache of /proc/self/maps taken at generation G
+// is stale once this differs (AZ-SDP's guard). Not counted: new mappings
+// (they appear at addresses a cache does not hold) and mprotect.
+uint64_t MappingGeneration();
+
 // Whether the interposers are active in this process (they are unless
 // ZSOCK_MEMHOOKS=off, or the binary was linked without them).
 bool MemoryHooksActive();

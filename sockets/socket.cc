@@ -186,7 +186,7 @@ sdp::ConnectionOptions Socket::OptionsLocked() const {
   if (sndbuf_ > 0) o.sndbuf = std::max<size_t>(static_cast<size_t>(sndbuf_), 4 * 1024);
   if (o.buf_size * 4 > o.rcvbuf) o.buf_size = std::max<size_t>(o.rcvbuf / 4, 1024);
   if (linger_.l_onoff) o.linger = absl::Seconds(linger_.l_linger);
-  if (mode_ >= 0) o.mode = mode_ == 1 ? sdp::Mode::kZcopy : sdp::Mode::kBcopy;
+  if (mode_ >= 0) o.mode = static_cast<sdp::Mode>(mode_);
   if (zcopy_threshold_ >= 0) o.zcopy_threshold = static_cast<size_t>(zcopy_threshold_);
   return o;
 }
@@ -668,9 +668,11 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
     if (auto s = need(sizeof(int)); !s.ok()) return s;
     int v = as_int();
     if (name == kSoMode) {
-      if (v != 0 && v != 1) return Err(EINVAL, "ZSOCK_SO_MODE: 0 (bcopy) or 1 (zcopy)");
+      if (v < 0 || v > 2) {
+        return Err(EINVAL, "ZSOCK_SO_MODE: 0 (bcopy), 1 (zcopy) or 2 (azcopy)");
+      }
       mode_ = v;
-      if (c) return c->SetMode(v == 1 ? sdp::Mode::kZcopy : sdp::Mode::kBcopy);
+      if (c) return c->SetMode(static_cast<sdp::Mode>(v));
       return absl::OkStatus();
     }
     if (name == kSoZcopyThreshold) {
@@ -742,7 +744,7 @@ absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len)
   } else if (level == kSolZsock) {
     int v = 0;
     if (name == kSoMode) {
-      v = (conn_ ? conn_->options().mode : opts.mode) == sdp::Mode::kZcopy ? 1 : 0;
+      v = static_cast<int>(conn_ ? conn_->options().mode : opts.mode);
       return put(&v, sizeof(v));
     }
     if (name == kSoZcopyThreshold) {

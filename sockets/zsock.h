@@ -2,7 +2,7 @@
  * calls with zs_: every function has the signature and errno semantics of
  * the libc call it is named after. AF_INET/AF_INET6 SOCK_STREAM sockets are
  * zsock sockets (SDP over the configured provider: ZSOCK_PROVIDER or the
- * config file; data path ZSOCK_MODE=bcopy|zcopy or ZSOCK_SO_MODE); every
+ * config file; data path ZSOCK_MODE=bcopy|zcopy|azcopy or ZSOCK_SO_MODE); every
  * other fd (files, pipes, AF_UNIX, UDP, kernel TCP sockets) is passed to
  * libc unchanged, so prefixing every call is safe.
  *
@@ -24,7 +24,7 @@ extern "C" {
 
 /* zsock's own socket options: setsockopt(fd, SOL_ZSOCK, ...). */
 #define SOL_ZSOCK 0x7a73
-#define ZSOCK_SO_MODE 1            /* int: 0 = bcopy, 1 = zcopy */
+#define ZSOCK_SO_MODE 1            /* int: 0 = bcopy, 1 = zcopy, 2 = azcopy (AZ-SDP) */
 #define ZSOCK_SO_ZCOPY_THRESHOLD 2 /* int: bytes at and above which zcopy is used */
 
 int zs_socket(int domain, int type, int protocol);

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "core/rcache.h"
 #include "tests/child_process.h"
+#include "core/sdp/az_guard.h"
 #include "core/sdp/engine.h"
 #include "core/sdp/wire.h"
 #include "core/status.h"
@@ -104,21 +105,26 @@ size_t RandomSize(std::mt19937_64& rng, size_t max) {
 struct Param {
   std::string config;
   Mode mode;
+  AzPolicy policy = AzPolicy::kCopy;
 };
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  std::string s = info.param.config + (info.param.mode == Mode::kZcopy ? "_zcopy" : "_bcopy");
+  std::string s = info.param.config + (info.param.mode == Mode::kZcopy ? "_zcopy"
+                                       : info.param.mode == Mode::kAz  ? "_azcopy"
+                                                                        : "_bcopy");
+  if (info.param.mode == Mode::kAz) s += info.param.policy == AzPolicy::kBlock ? "_block" : "_copy";
   for (char& ch : s) {
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
   return s;
 }
 
-std::vector<Param> AllParams() {
+std::vector<Param> AllParams(bool with_az = false) {
   std::vector<Param> out;
   for (const auto& c : ConformanceConfigurations()) {
     out.push_back({c, Mode::kBcopy});
     out.push_back({c, Mode::kZcopy});
+    if (with_az) out.push_back({c, Mode::kAz});
   }
   return out;
 }
@@ -145,6 +151,7 @@ class SdpTest : public ::testing::TestWithParam<Param> {
   ConnectionOptions Options() const {
     ConnectionOptions o;
     o.mode = GetParam().mode;
+    o.az_policy = GetParam().policy;
     o.zcopy_threshold = 64 << 10;
     return o;
   }
@@ -162,9 +169,9 @@ class SdpTest : public ::testing::TestWithParam<Param> {
     std::unique_ptr<Engine> engine;
     std::unique_ptr<Connection> conn;
   };
-  ChildSide ChildConnect(ConnectionOptions o) {
+  ChildSide ChildConnect(ConnectionOptions o, bool progress_thread = false) {
     ChildSide s;
-    auto e = Engine::Create({GetParam().config, false});
+    auto e = Engine::Create({GetParam().config, progress_thread});
     CHILD_OK(e.status());
     s.engine = std::move(*e);
     auto c = s.engine->Connect(listener_->address(), o, Deadline());
@@ -284,6 +291,16 @@ TEST_P(SdpTest, RandomLengthsBothDirectionsByteExact) {
     EXPECT_EQ(stats.bytes_recv_bcopy, total);
   } else {
     EXPECT_GT(stats.bytes_recv_srcavail + stats.bytes_recv_sinkavail, 0u);
+  }
+  if (GetParam().mode == Mode::kAz && c->az_negotiated()) {
+    // The writer refills its buffer right after each send: AZ-SDP's faults.
+    std::printf("parent sent %llu asynchronous SrcAvails; faults %llu, copies %llu, "
+                "blocks %llu, fallbacks %llu\n",
+                (unsigned long long)stats.az_srcavail_sent, (unsigned long long)stats.az_faults,
+                (unsigned long long)stats.az_copies, (unsigned long long)stats.az_blocks,
+                (unsigned long long)stats.az_fallbacks);
+    EXPECT_GT(stats.az_srcavail_sent, 0u);
+    EXPECT_GT(stats.az_faults, 0u);
   }
   EXPECT_TRUE(c->Close().ok());
   EXPECT_EQ(Reap(child), 0);
@@ -1000,9 +1017,336 @@ TEST_P(SdpCancelTest, RevokedSinkFallsBackToBcopy) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+
+// ---------------------------------------------------------------- AZ-SDP
+//
+// The sender is the parent; the receiver, a child with a progress thread (so
+// remote atomics on its lock words complete while it waits), reads only
+// when told through a pipe. That makes every race deterministic: a write
+// before the go-ahead finds the receiver idle (copy-on-write wins its lock
+// word), a write after it waits for the pull (block-on-write).
+
+std::vector<Param> AzParams() {
+  std::vector<Param> out;
+  for (const auto& c : ConformanceConfigurations()) {
+    out.push_back({c, Mode::kAz, AzPolicy::kCopy});
+    out.push_back({c, Mode::kAz, AzPolicy::kBlock});
+  }
+  return out;
+}
+
+class SdpAzTest : public SdpTest {
+ protected:
+  void SetUp() override {
+    SdpTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    const Capabilities& caps = engine_->fabric()->caps();
+    if (caps.rdma_read == Support::kNone || caps.atomics == Support::kNone) {
+      GTEST_SKIP() << GetParam().config << " has no RDMA read or atomics: AZ-SDP needs both";
+    }
+    ASSERT_EQ(pipe(go_), 0);
+  }
+  void TearDown() override {
+    if (go_[0] >= 0) close(go_[0]);
+    if (go_[1] >= 0) close(go_[1]);
+  }
+  bool copy() const { return GetParam().policy == AzPolicy::kCopy; }
+  void Go() { ASSERT_EQ(write(go_[1], "g", 1), 1); }
+
+  // Child: waits for the go-ahead, then reads `total` stream bytes of
+  // `seed` and checks them; exits 0 if all are right.
+  pid_t SpawnReceiver(size_t total, uint64_t seed) {
+    return Spawn([this, total, seed] {
+      ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+      char g;
+      CHILD_CHECK(read(go_[0], &g, 1) == 1);
+      std::vector<uint8_t> buf(total), scratch;
+      auto r = s.conn->Recv(buf.data(), total, MSG_WAITALL, Deadline());
+      CHILD_OK(r.status());
+      CHILD_CHECK(*r == total);
+      int64_t bad = CheckStream(buf.data(), 0, total, seed, &scratch);
+      if (bad >= 0) ChildFail(__LINE__, absl::StrCat("byte ", bad, " differs"));
+      CHILD_OK(s.conn->Shutdown(SHUT_WR));
+      char b;
+      CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+      return 0;
+    });
+  }
+  std::unique_ptr<Connection> AcceptAz() {
+    auto c = AcceptOne();
+    if (c != nullptr) {
+      EXPECT_TRUE(c->az_negotiated()) << GetParam().config;
+    }
+    return c;
+  }
+  void Finish(Connection* c, pid_t child) {
+    EXPECT_TRUE(c->Shutdown(SHUT_WR).ok());
+    char b;
+    EXPECT_EQ(c->Recv(&b, 1, 0, Deadline()).value_or(1), 0u);
+    EXPECT_EQ(Reap(child), 0);
+  }
+
+  int go_[2] = {-1, -1};
+};
+
+// After send returns, the application overwrites the buffer at once, K
+// times; the receiver still gets exactly the bytes of each call.
+TEST_P(SdpAzTest, OverwriteRightAfterSendKeepsTheBytesOfTheCall) {
+  constexpr size_t kMsg = 1 << 20;
+  constexpr int kRounds = 8;
+  pid_t child = SpawnReceiver(kMsg * kRounds, 31);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kMsg);
+  for (int i = 0; i < kRounds; ++i) {
+    FillStream(buf.data(), uint64_t{kMsg} * i, kMsg, 31);  // faults from round 1 on
+    auto r = c->Send(buf.data(), kMsg, 0, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(*r, kMsg);
+    if (i == 0) {
+      // Returned although the receiver has not pulled a byte.
+      EXPECT_EQ(c->stats().bytes_sent_srcavail, 0u);
+      if (!copy()) Go();  // block-on-write: the writes wait for the pulls
+    }
+  }
+  if (copy()) Go();
+  Finish(c.get(), child);
+  auto st = c->stats();
+  EXPECT_EQ(st.az_srcavail_sent, static_cast<uint64_t>(kRounds));
+  EXPECT_EQ(st.bytes_sent_srcavail, kMsg * kRounds);
+  EXPECT_EQ(st.az_faults, static_cast<uint64_t>(kRounds - 1));
+  if (copy()) {
+    EXPECT_EQ(st.az_copies, static_cast<uint64_t>(kRounds - 1));  // the receiver was idle
+    EXPECT_EQ(st.az_blocks, 0u);
+  } else {
+    EXPECT_EQ(st.az_copies, 0u);
+    EXPECT_EQ(st.az_blocks, static_cast<uint64_t>(kRounds - 1));
+  }
+}
+
+// Unaligned buffer: the page-aligned middle goes asynchronously, the head
+// and tail by bcopy; another thread overwrites the whole buffer.
+TEST_P(SdpAzTest, UnalignedBufferHybridAndAnotherThreadWrites) {
+  constexpr size_t kLen = (2 << 20) + 300;
+  pid_t child = SpawnReceiver(kLen, 32);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(3 << 20);
+  uint8_t* p = buf.data() + 100;
+  FillStream(p, 0, kLen, 32);
+  auto r = c->Send(p, kLen, 0, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, kLen);
+  if (!copy()) Go();
+  std::thread t([&] { std::memset(p, 0xee, kLen); });  // not the sending thread
+  t.join();
+  if (copy()) Go();
+  Finish(c.get(), child);
+  auto st = c->stats();
+  EXPECT_EQ(st.az_srcavail_sent, 1u);
+  EXPECT_EQ(st.az_hybrid_bcopy, az::PageSize() - 100);
+  EXPECT_EQ(st.bytes_sent_srcavail + st.bytes_sent_bcopy, kLen);
+  EXPECT_GE(st.az_faults, 1u);
+}
+
+// A memfd mapped twice: written through the mapping that was not sent.
+TEST_P(SdpAzTest, AliasedMappingWrittenThroughTheOtherAddress) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = SpawnReceiver(kLen, 33);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  int fd = memfd_create("az-alias", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kLen), 0);
+  auto* a = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  auto* b = static_cast<uint8_t*>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(a, MAP_FAILED);
+  ASSERT_NE(b, MAP_FAILED);
+  close(fd);
+  FillStream(a, 0, kLen, 33);
+  const uint64_t aliases = az::Guard::Get().stats().alias_ranges;
+  auto r = c->Send(a, kLen, 0, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(az::Guard::Get().stats().alias_ranges, aliases + 1);
+  if (!copy()) Go();
+  std::memset(b, 0x5a, kLen);  // through the other address
+  if (copy()) Go();
+  EXPECT_EQ(a[0], 0x5a);  // the same pages
+  Finish(c.get(), child);
+  EXPECT_GE(c->stats().az_faults, 1u);
+  munmap(a, kLen);
+  munmap(b, kLen);
+}
+
+// free() of a buffer still being sent waits for (or copies out) its
+// transfer; the memory is then reused and scribbled over.
+TEST_P(SdpAzTest, FreeOfABufferBeingSentWaitsForIt) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = SpawnReceiver(kLen, 34);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  auto* p = static_cast<uint8_t*>(std::malloc(kLen));
+  ASSERT_NE(p, nullptr);
+  FillStream(p, 0, kLen, 34);
+  auto r = c->Send(p, kLen, 0, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  if (!copy()) Go();
+  std::free(p);
+  for (int i = 0; i < 4; ++i) {
+    void* q = std::malloc(kLen);
+    std::memset(q, 0x77, kLen);
+    std::free(q);
+  }
+  if (copy()) Go();
+  Finish(c.get(), child);
+  EXPECT_GE(c->stats().az_faults, 1u);
+}
+
+// A receive into a buffer that is still being sent from (echo servers do
+// this) settles the send first.
+TEST_P(SdpAzTest, ReceiveIntoABufferStillBeingSent) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    PageBuf out(kLen);
+    FillStream(out.data(), 0, kLen, 36);
+    auto w = s.conn->Send(out.data(), kLen, 0, Deadline());
+    CHILD_OK(w.status());
+    char g;
+    CHILD_CHECK(read(go_[0], &g, 1) == 1);
+    std::vector<uint8_t> in(kLen), scratch;
+    auto r = s.conn->Recv(in.data(), kLen, MSG_WAITALL, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kLen);
+    CHILD_CHECK(CheckStream(in.data(), 0, kLen, 35, &scratch) < 0);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 35);
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  if (!copy()) Go();
+  auto r = c->Recv(buf.data(), kLen, MSG_WAITALL, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(*r, kLen);
+  std::vector<uint8_t> scratch;
+  EXPECT_LT(CheckStream(buf.data(), 0, kLen, 36, &scratch), 0);
+  if (copy()) Go();
+  Finish(c.get(), child);
+}
+
+// The application's own SIGSEGV handlers keep their faults: one with
+// SA_SIGINFO installed before zsock's, a plain one installed after it (the
+// next send puts zsock's back in front, chaining to it).
+std::atomic<int> g_app_faults{0};
+uint8_t* g_app_page = nullptr;
+void AppInfoHandler(int, siginfo_t* si, void*) {
+  g_app_faults++;
+  mprotect(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(si->si_addr) & ~uintptr_t{4095}),
+           4096, PROT_READ | PROT_WRITE);
+}
+void AppPlainHandler(int) {
+  g_app_faults += 100;
+  mprotect(g_app_page, 4096, PROT_READ | PROT_WRITE);
+}
+
+TEST_P(SdpAzTest, ApplicationSigsegvHandlersStillGetTheirFaults) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = SpawnReceiver(2 * kLen, 37);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  struct sigaction old_sa, sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = AppInfoHandler;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &sa, &old_sa), 0);
+  PageBuf own(2 * 4096);
+  g_app_page = own.data() + 4096;
+  g_app_faults = 0;
+
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 37);
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  ASSERT_EQ(mprotect(own.data(), 4096, PROT_NONE), 0);
+  own.data()[10] = 1;  // the application's fault: its SA_SIGINFO handler
+  EXPECT_EQ(g_app_faults.load(), 1);
+  if (!copy()) Go();
+  FillStream(buf.data(), kLen, kLen, 37);  // zsock's fault
+
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = AppPlainHandler;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &sa, nullptr), 0);  // replaces zsock's
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());  // reinstalls it
+  FillStream(buf.data(), 0, kLen, 99);  // zsock's fault again
+  ASSERT_EQ(mprotect(g_app_page, 4096, PROT_NONE), 0);
+  g_app_page[10] = 1;  // the plain handler
+  EXPECT_EQ(g_app_faults.load(), 101);
+  if (copy()) Go();
+  Finish(c.get(), child);
+  EXPECT_GE(c->stats().az_faults, 2u);
+  sigaction(SIGSEGV, &old_sa, nullptr);
+}
+
+// Too many faults: the connection falls back to zcopy and says so.
+TEST_P(SdpAzTest, FallsBackToZcopyAfterTooManyFaults) {
+  constexpr size_t kMsg = 256 << 10;
+  constexpr int kRounds = 20;
+  ConnectionOptions o = Options();
+  o.az_fault_limit = 3;
+  auto l = engine_->Listen("", o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  listener_ = std::move(*l);
+  pid_t child = SpawnReceiver(kMsg * kRounds, 38);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  Go();  // reads along (zcopy sends wait for it)
+  PageBuf buf(kMsg);
+  for (int i = 0; i < kRounds; ++i) {
+    FillStream(buf.data(), uint64_t{kMsg} * i, kMsg, 38);
+    auto r = c->Send(buf.data(), kMsg, 0, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  Finish(c.get(), child);
+  auto st = c->stats();
+  EXPECT_EQ(st.az_fallbacks, 1u);
+  EXPECT_EQ(st.az_faults, 4u);  // the fourth crossed the limit
+  EXPECT_LT(st.az_srcavail_sent, static_cast<uint64_t>(kRounds));
+  EXPECT_GT(st.srcavail_sent, 0u);  // synchronous from then on
+  EXPECT_EQ(c->options().mode, Mode::kZcopy);
+}
+
+// fork() while a buffer is protected: the child can write its copy at once
+// (no stuck protection); the parent's transfer is unaffected.
+TEST_P(SdpAzTest, ForkWhileProtectedLeavesNoStuckPages) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = SpawnReceiver(kLen, 39);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 39);
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  pid_t g = fork();
+  if (g == 0) {
+    std::memset(buf.data(), 0x11, kLen);  // would hang on a stuck protection
+    _exit(buf.data()[kLen - 1] == 0x11 ? 0 : 1);
+  }
+  ASSERT_GT(g, 0);
+  EXPECT_EQ(Reap(g, absl::Seconds(30)), 0);
+  Go();
+  Finish(c.get(), child);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, SdpAzTest, ::testing::ValuesIn(AzParams()), ParamName);
+
 INSTANTIATE_TEST_SUITE_P(Providers, SdpCancelTest, ::testing::ValuesIn(AllParams()), ParamName);
 
-INSTANTIATE_TEST_SUITE_P(Providers, SdpTest, ::testing::ValuesIn(AllParams()), ParamName);
+INSTANTIATE_TEST_SUITE_P(Providers, SdpTest, ::testing::ValuesIn(AllParams(true)), ParamName);
 
 }  // namespace
 }  // namespace zsock::sdp

@@ -24,9 +24,19 @@ inline constexpr int kCreditReserve = 2;
 inline constexpr size_t kCtlSlots = 8;
 // Largest single SrcAvail/SinkAvail (the wire length field is 32 bits).
 inline constexpr size_t kMaxAdvert = size_t{1} << 30;
+// AZ-SDP (docs/azsdp.md): most lock words (outstanding asynchronous
+// SrcAvails) a side offers.
+inline constexpr uint32_t kAzMaxSlots = 64;
+// Lock word = generation << 2 | state. The generation counts the finished
+// uses of the slot (both sides count them), so a compare-and-swap for an
+// advert that has finished fails instead of locking the next one.
+enum AzLockState : uint64_t { kAzFree = 0, kAzSinkReading = 1, kAzSourceMoved = 2 };
+inline uint64_t AzWord(uint64_t gen, AzLockState s) { return (gen << 2) | s; }
 
 // Completion context: conn id << 24 | kind << 20 | index.
-enum CtxKind : uint64_t { kCtxRx = 1, kCtxTx = 2, kCtxHello = 3, kCtxRead = 4, kCtxWrite = 5 };
+enum CtxKind : uint64_t {
+  kCtxRx = 1, kCtxTx = 2, kCtxHello = 3, kCtxRead = 4, kCtxWrite = 5, kCtxAtomic = 6
+};
 inline uint64_t MakeCtx(uint64_t id, CtxKind kind, uint64_t index) {
   return (id << 24) | (static_cast<uint64_t>(kind) << 20) | (index & 0xfffff);
 }
@@ -53,6 +63,12 @@ struct RxSeg {
   RemoteKey key;
   bool reading = false;
   bool cancel_requested = false;
+  // AZ-SDP SrcAvail: its lock word, and whether this side locked it or the
+  // source moved the data to a copy (AzUpdate received).
+  uint32_t slot = wire::kNoSlot;
+  uint64_t gen = 0;
+  uint64_t stream_pos = 0;
+  bool locked = false, moved = false;
 };
 
 // A message waiting to be posted.
@@ -61,7 +77,18 @@ struct TxItem {
   int slot = -1;           // Data: send slot holding the payload at offset 16
   size_t payload = 0;      // Data payload bytes
   std::string encoded;     // other messages: the whole encoded message
+  uint32_t az_serial = 0;  // an asynchronous SrcAvail (not its update)
 };
+
+// A private copy of data moved out of a protected user buffer.
+struct AzCopyBuf {
+  void* base = nullptr;
+  std::unique_ptr<MemoryRegion> mr;
+  ~AzCopyBuf();
+};
+
+// A protocol violation by the peer, naming the message (connection.cc).
+absl::Status Violation(const wire::Header& h, absl::string_view why);
 
 struct ConnState {
   enum class Phase { kHandshake, kOpen, kClosed };
@@ -143,6 +170,32 @@ struct ConnState {
   } sink_in;
   uint32_t last_sink_advert = 0;  // source: mseq of the last SinkAvail received
 
+  // ---- AZ-SDP (docs/azsdp.md) ----
+  bool az = false;                          // my SrcAvails may be asynchronous
+  std::unique_ptr<MemoryRegion> az_table;   // my lock words (peer's adverts)
+  uint32_t az_table_slots = 0;
+  std::vector<uint64_t> az_sink_gen;        // per slot: finished uses
+  RemoteKey peer_table;                     // the peer's lock words
+  uint32_t peer_table_slots = 0;
+  struct AzSrc {
+    uint32_t serial = 0, id = 0, slot = 0, len = 0, done = 0;
+    uint64_t gen = 0, stream_pos = 0;
+    uintptr_t addr = 0;
+    bool posted = false, moved = false;
+    int guard = -1;                          // az::Guard handle while protected
+    std::shared_ptr<MemoryRegion> mr;
+    std::unique_ptr<AzCopyBuf> copy;
+  };
+  std::deque<AzSrc> az_src;                 // asynchronous SrcAvails in flight
+  std::vector<uint64_t> az_src_gen;         // per peer slot: finished uses
+  std::vector<uint8_t> az_slot_busy;
+  uint32_t az_serial = 0;
+  int64_t az_window_start = 0;              // fault-rate window (ns)
+  uint32_t az_window_faults = 0;
+  int atomics_out = 0;
+  absl::Status atomic_status;
+  uint64_t atomic_result = 0;
+
   int reads_out = 0;
   absl::Status read_status;
   int writes_out = 0;
@@ -182,6 +235,28 @@ struct ConnState {
   void CloseEndpoint();
   void CloseEndpointWhenIdle();
   uint8_t* SlotPtr(int slot) const { return tx.base + static_cast<size_t>(slot) * tx_size; }
+
+  // AZ-SDP.
+  absl::Status SetUpAz();                  // my lock table, if I offer AZ
+  void AcceptPeerAz();                     // from the peer's Hello/HelloAck
+  uint32_t AzLimit() const;                // asynchronous SrcAvails I may have out
+  uint32_t MyMaxAdverts() const { return az_table ? az_table_slots : 1; }
+  uint64_t TxCommitted() const;            // stream bytes sent or announced
+  AzSrc* FindAz(uint32_t serial);
+  void AzFinish(size_t index);             // advert done: unprotect, free slot
+  void AzReleaseAll();                     // connection over: unprotect all
+  bool AzMove(AzSrc& s);                   // copy aside, point the advert at it
+  uint64_t* LockWord(uint32_t slot) const {
+    return static_cast<uint64_t*>(az_table->addr()) + slot;
+  }
+  void AzSinkDone(RxSeg& s);               // reset my lock word for reuse
+  void AddAzHello(wire::Hello& h) const;   // my table in my Hello/HelloAck
+  wire::Message AzAdvert(const AzSrc& s, uint8_t flags) const;
+  // Fault on advert `serial` (Engine::OnFault drives these).
+  enum class AzStep { kDone, kBlock, kCasPosted };
+  AzStep AzFaultBegin(uint32_t serial);
+  bool AzFaultCasDone(uint32_t serial);    // true: resolved; false: wait
+  bool AzGuarded(uint32_t serial);         // still protected and healthy
 
  private:
   void PostRx(int buf);

@@ -30,8 +30,12 @@ ConnectionOptions ConnectionOptions::FromConfig() {
   ConnectionOptions o;
   const auto& config = Config::Global();
   if (config.ok()) {
-    o.mode = config->GetString("mode") == "zcopy" ? Mode::kZcopy : Mode::kBcopy;
+    const std::string mode = config->GetString("mode");
+    o.mode = mode == "azcopy" ? Mode::kAz : mode == "zcopy" ? Mode::kZcopy : Mode::kBcopy;
     o.zcopy_threshold = static_cast<size_t>(config->GetInt("zcopy_threshold"));
+    o.az_policy = config->GetString("az_policy") == "block" ? AzPolicy::kBlock : AzPolicy::kCopy;
+    o.az_adverts = static_cast<uint32_t>(config->GetInt("az_adverts"));
+    o.az_fault_limit = static_cast<uint32_t>(config->GetInt("az_fault_limit"));
   }
   return o;
 }
@@ -85,13 +89,13 @@ absl::Status TimedOut() {
                    "give a later deadline or wait for readiness");
 }
 
+}  // namespace
+
 absl::Status Violation(const wire::Header& h, absl::string_view why) {
   return MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
                    absl::StrCat("SDP ", wire::MessageName(h.mid), " (mseq ", h.mseq, ") ", why),
                    "the peer violates docs/protocol.md (version 1); the connection is aborted");
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------- setup
 
@@ -106,6 +110,7 @@ absl::Status ConnState::Init() {
   peer_address = info.peer_address;
   if (info.rdma_read != Support::kNone) my_caps |= wire::kCapRdmaRead;
   if (info.rdma_write != Support::kNone) my_caps |= wire::kCapRdmaWrite;
+  if (auto st = SetUpAz(); !st.ok()) return st;
   for (int i = 0; i < rx_count; ++i) {
     PostRx(i);
     if (!error.ok()) return error;
@@ -126,6 +131,7 @@ absl::Status ConnState::Init() {
     if (!opt.local_sockaddr.empty()) {
       h.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
     }
+    AddAzHello(h);
     m.body = h;
     size_t n = wire::Encode(m, std::span<uint8_t>(hello.base, hello.len));
     last_reported = rx_posted;
@@ -156,6 +162,9 @@ void ConnState::Fail(absl::Status why) {
   // Operations that wait for the peer finish now.
   if (src.active) src.finished = true;
   if (sink.active) sink.resolved = true;
+  // Asynchronous sends are lost with the connection, as queued data is:
+  // their buffers become writable again.
+  AzReleaseAll();
   // Release the endpoint (once what is in flight, e.g. an AbortConn, has
   // left): a peer whose provider has not noticed the failure then sees the
   // connection end instead of waiting on it forever. Everything the peer
@@ -268,6 +277,10 @@ void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
     case kCtxWrite:
       writes_out--;
       if (!c.status.ok() && write_status.ok()) write_status = c.status;
+      break;
+    case kCtxAtomic:
+      atomics_out--;
+      if (!c.status.ok() && atomic_status.ok()) atomic_status = c.status;
       break;
   }
   TryTransmit();
@@ -403,9 +416,43 @@ void ConnState::Process(int buf, size_t len) {
     }
     case MessageId::kSrcAvail: {
       auto& a = std::get<wire::Advert>(m.body);
-      if (h.flags != 0 || a.az_slot != wire::kNoSlot) {
+      const bool az_msg = h.flags != 0;
+      if ((az_msg || a.az_slot != wire::kNoSlot) && !az_table) {
         ProtocolError(Violation(h, "uses AZ-SDP fields, which were not negotiated"));
         return;
+      }
+      if (az_msg && (!(h.flags & wire::kFlagAzAsync) || a.az_slot >= az_table_slots)) {
+        ProtocolError(Violation(h, absl::StrCat("names lock word ", a.az_slot, " of ",
+                                                az_table_slots, " or lacks the AzAsync flag")));
+        return;
+      }
+      if (!az_msg && a.az_slot != wire::kNoSlot) {
+        ProtocolError(Violation(h, "names a lock word without the AzAsync flag"));
+        return;
+      }
+      if (h.flags & wire::kFlagAzUpdate) {
+        // Copy-on-write: the source won the lock word and moved the data.
+        RxSeg* seg = nullptr;
+        for (RxSeg& x : rxq) {
+          if (x.kind == RxSeg::kSrcAvail && x.slot == a.az_slot) seg = &x;
+        }
+        if (seg == nullptr) {
+          if (shut_rd) break;  // dropped unread (DropReceived)
+          ProtocolError(Violation(h, absl::StrCat("updates lock word ", a.az_slot,
+                                                  ", which no outstanding SrcAvail uses")));
+          return;
+        }
+        if (seg->locked || seg->moved || a.length != seg->len ||
+            a.stream_pos != seg->stream_pos) {
+          ProtocolError(Violation(h, absl::StrCat("updates SrcAvail ", seg->advert,
+                                                  " which this side locked, or changes its "
+                                                  "length or position")));
+          return;
+        }
+        seg->addr = a.addr;
+        seg->key = std::move(a.key);
+        seg->moved = true;
+        break;
       }
       if (!(my_caps & wire::kCapRdmaRead)) {
         ProtocolError(Violation(h, "arrived although this side did not offer RDMA read"));
@@ -415,30 +462,54 @@ void ConnState::Process(int buf, size_t len) {
         ProtocolError(Violation(h, "arrived after DisconnReq"));
         return;
       }
+      // Stream position: everything received plus what outstanding
+      // SrcAvails announced.
+      uint64_t announced = rx_pos;
+      uint32_t outstanding = 0;
       for (const RxSeg& s : rxq) {
-        if (s.kind == RxSeg::kSrcAvail) {
-          ProtocolError(Violation(h, "exceeds the one outstanding SrcAvail version 1 allows"));
+        if (s.kind != RxSeg::kSrcAvail) continue;
+        outstanding++;
+        announced += s.len - s.off;
+        if (az_msg && s.slot == a.az_slot) {
+          ProtocolError(Violation(h, absl::StrCat("reuses lock word ", a.az_slot,
+                                                  " of outstanding SrcAvail ", s.advert)));
           return;
         }
       }
-      if (a.stream_pos != rx_pos) {
+      if (outstanding >= MyMaxAdverts()) {
+        ProtocolError(Violation(h, absl::StrCat("exceeds the ", MyMaxAdverts(),
+                                                " outstanding SrcAvails this side accepts")));
+        return;
+      }
+      if (a.stream_pos != announced) {
         ProtocolError(Violation(h, absl::StrCat("claims stream position ", a.stream_pos,
-                                                "; this side received ", rx_pos)));
+                                                "; this side received ", announced)));
         return;
       }
       VoidSinkAvail();
       last_src_advert = h.mseq;
-      if (shut_rd) {
-        QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
-                               wire::Completed{h.mseq, 0}});
-        break;
-      }
       RxSeg s;
       s.kind = RxSeg::kSrcAvail;
       s.len = a.length;
       s.advert = h.mseq;
       s.addr = a.addr;
       s.key = std::move(a.key);
+      s.stream_pos = a.stream_pos;
+      if (az_msg) {
+        s.slot = a.az_slot;
+        s.gen = az_sink_gen[a.az_slot];
+      }
+      if (shut_rd) {
+        // Discarded: AZ adverts count as delivered (their source cannot
+        // resend in order), others are resent as Data and dropped.
+        if (az_msg) {
+          rx_pos += s.len;
+          AzSinkDone(s);
+        }
+        QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
+                               wire::Completed{h.mseq, 0}});
+        break;
+      }
       rxq.push_back(std::move(s));
       break;
     }
@@ -461,7 +532,8 @@ void ConnState::Process(int buf, size_t len) {
       // Valid only if nothing this side sent is still on its way to the sink
       // and no SrcAvail is outstanding; otherwise void (the sink sees data
       // first and knows).
-      if (a.stream_pos == tx_pos && !(src.active && !src.finished) && !shut_wr) {
+      if (a.stream_pos == tx_pos && !(src.active && !src.finished) && az_src.empty() &&
+          !shut_wr) {
         sink_in.valid = true;
         sink_in.writing = false;
         sink_in.cancel_requested = false;
@@ -478,6 +550,24 @@ void ConnState::Process(int buf, size_t len) {
     }
     case MessageId::kRdmaRdCompl: {
       auto c = std::get<wire::Completed>(m.body);
+      size_t azi = 0;
+      while (azi < az_src.size() && !(az_src[azi].posted && az_src[azi].id == c.advert)) ++azi;
+      if (azi < az_src.size()) {
+        AzSrc& s = az_src[azi];
+        if (c.bytes > s.len - s.done || (h.flags & wire::kFlagCancelReply)) {
+          ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes of asynchronous "
+                                                  "SrcAvail ", c.advert, " (", s.len - s.done,
+                                                  " remain) or answers a cancel never sent")));
+          return;
+        }
+        // SendSmall on an asynchronous advert: the sink discarded it (SHUT_RD).
+        uint32_t k = (h.flags & wire::kFlagSendSmall) ? s.len - s.done : c.bytes;
+        s.done += k;
+        tx_pos += k;
+        stats.bytes_sent_srcavail += k;
+        if (s.done == s.len) AzFinish(azi);
+        break;
+      }
       if (!src.active || !src.posted || src.finished || c.advert != src.id) {
         ProtocolError(Violation(h, absl::StrCat("names SrcAvail ", c.advert,
                                                 ", which is not outstanding")));
@@ -620,6 +710,8 @@ void ConnState::HandleHello(const wire::Message& m) {
              peer_address.c_str());
     }
   }
+  AcceptPeerAz();
+  if (!error.ok()) return;
   if (auto st = SetUpTx(); !st.ok()) {
     Fail(st);
     return;
@@ -634,6 +726,7 @@ void ConnState::HandleHello(const wire::Message& m) {
     if (!opt.local_sockaddr.empty()) {
       ack.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
     }
+    AddAzHello(ack);
     // The Hello's buffer is reposted after this message is built: count it.
     QueueCtl(wire::Message{{MessageId::kHelloAck}, ack});
   }
@@ -680,7 +773,12 @@ bool ConnState::PostItem(TxItem& item) {
   h.mseq = ++tx_mseq;
   h.mseq_ack = rx_mseq;
   wire::EncodeHeader(h, p);
-  if (item.mid == MessageId::kSrcAvail) {
+  if (item.az_serial != 0) {
+    if (AzSrc* s = FindAz(item.az_serial)) {
+      s->id = h.mseq;
+      s->posted = true;
+    }
+  } else if (item.mid == MessageId::kSrcAvail && !(flags & wire::kFlagAzUpdate)) {
     src.id = h.mseq;
     src.posted = true;
   } else if (item.mid == MessageId::kSinkAvail) {
@@ -814,6 +912,10 @@ void ConnState::DropReceived() {
     if (s.kind == RxSeg::kData) {
       Repost(s.buf);
     } else {
+      if (s.slot != wire::kNoSlot) {
+        rx_pos += s.len - s.off;
+        AzSinkDone(s);
+      }
       QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
                              wire::Completed{s.advert, 0}});
     }
@@ -908,6 +1010,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     for (const iovec& v : iov) {
       const uint8_t* p = static_cast<const uint8_t*>(v.iov_base);
       size_t n = v.iov_len, off = 0, force_bcopy = 0;
+      bool az_sync = false;  // AZ-SDP could not protect this piece: send it synchronously
       while (off < n) {
         if (!c->error.ok()) return partial(c->error);
         const uint8_t* q = p + off;
@@ -974,8 +1077,78 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
           c->TryTransmit();
           continue;
         }
-        if (force_bcopy == 0 && c->opt.mode == Mode::kZcopy && rem >= threshold &&
-            (c->peer.caps & wire::kCapRdmaRead) && !dontwait) {
+        // AZ-SDP: protect the page-aligned middle, announce it, go on; the
+        // unaligned head and tail go by bcopy (seed 003, 4.4.2).
+        if (force_bcopy == 0 && c->az && c->opt.mode == Mode::kAz && rem >= threshold &&
+            !az_sync) {
+          const uintptr_t page = az::PageSize();
+          const uintptr_t a = reinterpret_cast<uintptr_t>(q);
+          const uintptr_t first = (a + page - 1) / page * page;
+          const uintptr_t last = (a + std::min(rem, kMaxAdvert)) / page * page;
+          if (last > first && last - first >= std::min<size_t>(threshold, 4 * page)) {
+            if (first > a) {
+              force_bcopy = first - a;
+              c->stats.az_hybrid_bcopy += first - a;
+            } else if (c->az_src.size() >= c->AzLimit()) {
+              c->TryTransmit();
+              if (dontwait) return partial(WouldBlock());
+              if (!e->WaitLocked([&] { return !c->error.ok() || c->az_src.size() < c->AzLimit(); },
+                                 deadline)) {
+                return partial(TimedOut());
+              }
+              continue;
+            } else {
+              const size_t L = last - first;
+              auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), L,
+                                                     kRemoteRead | kLocalRead);
+              const uint32_t serial = ++c->az_serial == 0 ? ++c->az_serial : c->az_serial;
+              absl::StatusOr<int> g = -1;
+              if (r.ok()) {
+                e->az_used_.store(true, std::memory_order_relaxed);
+                g = az::Guard::Get().Protect(first, L, e->fault_client(),
+                                             (c->id << 32) | serial);
+              } else {
+                g = r.status();
+              }
+              if (!g.ok()) {
+                ZS_LOG(kDebug, "sdp: AZ-SDP cannot protect the buffer (%s); sending it by zcopy",
+                       g.status().ToString().c_str());
+                c->stats.az_unprotectable++;
+                az_sync = true;
+                continue;
+              }
+              ConnState::AzSrc as;
+              as.serial = serial;
+              as.slot = 0;
+              while (c->az_slot_busy[as.slot]) as.slot++;
+              as.gen = c->az_src_gen[as.slot];
+              as.len = static_cast<uint32_t>(L);
+              as.addr = first;
+              as.stream_pos = c->TxCommitted();
+              as.guard = *g;
+              as.mr = *r;
+              c->az_slot_busy[as.slot] = 1;
+              TxItem item;
+              item.mid = MessageId::kSrcAvail;
+              item.az_serial = serial;
+              item.encoded = wire::EncodeToString(c->AzAdvert(as, wire::kFlagAzAsync));
+              c->az_src.push_back(std::move(as));
+              c->dataq.push_back(std::move(item));
+              c->stats.az_srcavail_sent++;
+              c->stats.az_bytes += L;
+              c->TryTransmit();
+              off += L;
+              total += L;
+              continue;
+            }
+          } else {
+            force_bcopy = rem;  // no whole page: all by bcopy
+            c->stats.az_hybrid_bcopy += rem;
+          }
+        }
+        az_sync = false;
+        if (force_bcopy == 0 && (c->opt.mode == Mode::kZcopy || c->opt.mode == Mode::kAz) &&
+            rem >= threshold && (c->peer.caps & wire::kCapRdmaRead) && !dontwait) {
           size_t L = std::min(rem, kMaxAdvert);
           auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), L,
                                                  kRemoteRead | kLocalRead);
@@ -983,7 +1156,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             wire::Advert a;
             a.addr = reinterpret_cast<uint64_t>(q);
             a.length = static_cast<uint32_t>(L);
-            a.stream_pos = c->tx_pos;
+            a.stream_pos = c->TxCommitted();
             a.key = (*r)->remote_key();
             a.key_bytes = a.key.Serialize();
             c->src = ConnState::Src{};
@@ -1060,6 +1233,13 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
                                         absl::Time deadline) {
   if (state_ == nullptr) return Closed();
   Engine* e = engine_;
+  // A buffer this process is still sending from (AZ-SDP) is read-only:
+  // settle it first (copy-on-write or wait), before any lock is held.
+  for (const iovec& v : iov) {
+    if (az::Guard::Get().Overlaps(v.iov_base, v.iov_len)) {
+      az::Guard::Get().WaitWritable(v.iov_base, v.iov_len);
+    }
+  }
   absl::StatusOr<size_t> result;
   {
     MutexLock lock(&e->mu_);
@@ -1121,6 +1301,38 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           }
           continue;
         }
+        // AZ-SDP SrcAvail: lock its word before the first read, unless the
+        // source moved the data to a copy (then its AzUpdate comes).
+        if (s.slot != wire::kNoSlot && !s.locked && !s.moved) {
+          uint64_t expect = AzWord(s.gen, kAzFree);
+          if (__atomic_compare_exchange_n(c->LockWord(s.slot), &expect,
+                                          AzWord(s.gen, kAzSinkReading), false, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_SEQ_CST)) {
+            s.locked = true;
+          } else if (expect == AzWord(s.gen, kAzSourceMoved)) {
+            const uint32_t advert = s.advert;
+            auto moved = [&] {
+              for (const RxSeg& x : c->rxq) {
+                if (x.kind == RxSeg::kSrcAvail && x.advert == advert) return x.moved;
+              }
+              return true;
+            };
+            e->WaitLocked([&] { return !c->error.ok() || c->shut_rd || moved(); },
+                          absl::InfiniteFuture());
+            if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+            si = 0;
+            peek_skip = 0;
+            if (peek) break;  // start the peek over
+            continue;
+          } else {
+            wire::Header h;
+            h.mid = MessageId::kSrcAvail;
+            h.mseq = s.advert;
+            c->ProtocolError(Violation(h, absl::StrCat("lock word ", s.slot, " holds ", expect,
+                                                       ", not generation ", s.gen)));
+            return copied ? absl::StatusOr<size_t>(copied) : c->error;
+          }
+        }
         // SrcAvail: RDMA-read into the caller's buffer.
         size_t k = std::min({avail, cur.space(), max_rma});
         std::shared_ptr<MemoryRegion> mr;
@@ -1160,6 +1372,15 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         if (sp == nullptr) return copied ? absl::StatusOr<size_t>(copied) : c->error;
         sp->reading = false;
         if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+        if (!st.ok() && sp->slot != wire::kNoSlot) {
+          // An asynchronous advert cannot be resent by copy in stream order.
+          // (A dead peer is the usual cause; a live one released the memory.)
+          c->PostAbort(ECONNRESET);
+          c->Fail(ResetError(absl::StrCat("RDMA read of asynchronous SrcAvail ", advert,
+                                          " failed (an azcopy sender must not unmap a buffer "
+                                          "it sent): ", st.message())));
+          return copied ? absl::StatusOr<size_t>(copied) : c->error;
+        }
         if (!st.ok()) {
           // The source sends the rest by BCopy (RdmaRdCompl + SendSmall).
           ZS_LOG(kInfo, "sdp: RDMA read of SrcAvail %u failed (%s); asking for bcopy", advert,
@@ -1187,6 +1408,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         sp->off += k;
         c->rx_pos += k;
         c->stats.bytes_recv_srcavail += k;
+        if (sp->off == sp->len) c->AzSinkDone(*sp);  // before the completion leaves
         uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : 0;
         c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl},
                                   wire::Completed{advert, static_cast<uint32_t>(k)}});
@@ -1337,6 +1559,7 @@ absl::Status Connection::Close() {
             // closes).
             return !c->error.ok() ||
                    (c->dataq.empty() && c->ctlq.empty() && c->tx_inflight == 0 &&
+                    c->az_src.empty() &&
                     c->shut_mseq != 0 && static_cast<int32_t>(c->peer_ack - c->shut_mseq) >= 0);
           },
           absl::Now() + c->opt.linger);
@@ -1347,8 +1570,10 @@ absl::Status Connection::Close() {
       }
     }
     // Operations on user buffers must be over before they are released.
-    engine_->WaitLocked([&] { return c->reads_out == 0 && c->writes_out == 0; },
-                        absl::Now() + absl::Seconds(5));
+    engine_->WaitLocked(
+        [&] { return c->reads_out == 0 && c->writes_out == 0 && c->atomics_out == 0; },
+        absl::Now() + absl::Seconds(5));
+    c->AzReleaseAll();  // not pulled within the linger time: given up
     c->phase = ConnState::Phase::kClosed;
     c->CloseEndpoint();
     engine_->RemoveLocked(c->id);
@@ -1382,13 +1607,21 @@ ConnectionStats Connection::stats() const {
   return state_->stats;
 }
 
+bool Connection::az_negotiated() const {
+  if (state_ == nullptr) return false;
+  MutexLock lock(&engine_->mu_);
+  return state_->az;
+}
+
 absl::Status Connection::SetMode(Mode mode) {
   if (state_ == nullptr) return Closed();
-  if (mode == Mode::kAz) {
-    return MakeError(absl::StatusCode::kUnimplemented, EOPNOTSUPP,
-                     "AZ-SDP mode is reserved in protocol version 1", "use bcopy or zcopy");
-  }
   MutexLock lock(&engine_->mu_);
+  if (mode == Mode::kAz && state_->phase == ConnState::Phase::kOpen && !state_->az) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EOPNOTSUPP,
+                     "AZ-SDP was not negotiated on this connection",
+                     "set mode azcopy (ZSOCK_MODE=azcopy) on both sides before connecting; "
+                     "it also needs RDMA read and atomics from the provider");
+  }
   if (state_->opt.mode != mode) {
     state_->opt.mode = mode;
     if (state_->phase == ConnState::Phase::kOpen) {

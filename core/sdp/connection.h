@@ -45,15 +45,26 @@ struct ConnState;
 
 using wire::Mode;
 
+// AZ-SDP: what a write to a buffer still being sent does (docs/azsdp.md).
+enum class AzPolicy : uint8_t {
+  kCopy,   // race the receiver for the advert's lock word; if won, copy the
+           // data aside and let the writer go on, else wait
+  kBlock,  // wait until the receiver has pulled the data
+};
+
 // Per-connection options. Defaults come from the configuration (mode,
 // zcopy_threshold; docs/configuration.md).
 struct ConnectionOptions {
   size_t buf_size = 64 << 10;   // bytes per private receive buffer
   size_t rcvbuf = 1 << 20;      // receive buffers = rcvbuf / buf_size
   size_t sndbuf = 1 << 20;      // bytes Send may queue ahead of credits
-  Mode mode = Mode::kBcopy;     // kZcopy: SrcAvail/SinkAvail above threshold
+  Mode mode = Mode::kBcopy;     // kZcopy: SrcAvail/SinkAvail above threshold;
+                                // kAz: asynchronous SrcAvails (AZ-SDP)
   size_t zcopy_threshold = 128 << 10;  // docs/protocol.md, "Measured"
   absl::Duration linger = absl::Seconds(10);  // Close waits this long to flush
+  AzPolicy az_policy = AzPolicy::kCopy;
+  uint32_t az_adverts = 16;         // asynchronous SrcAvails outstanding at most
+  uint32_t az_fault_limit = 5000;   // faults per second before falling back to zcopy
   // This side's socket address, sent in the Hello / HelloAck (the peer's
   // peer_socket_address()); "" sends none.
   std::string local_sockaddr;
@@ -95,6 +106,15 @@ struct ConnectionStats {
   uint64_t sinkavail_received = 0;     // peer's SinkAvails seen (source side)
   uint64_t cancels_received = 0;       // SrcAvailCancel + SinkAvailCancel seen
   uint64_t rdma_fallbacks = 0;         // refused RDMA read/write, finished by bcopy
+  // AZ-SDP (docs/azsdp.md).
+  uint64_t az_srcavail_sent = 0;       // asynchronous SrcAvails
+  uint64_t az_bytes = 0;               // bytes announced by them
+  uint64_t az_hybrid_bcopy = 0;        // unaligned head/tail bytes sent by bcopy
+  uint64_t az_unprotectable = 0;       // sends that could not be protected (sent synchronously)
+  uint64_t az_faults = 0;              // writes to protected buffers (and receives into them)
+  uint64_t az_copies = 0;              // faults resolved by copy-on-write
+  uint64_t az_blocks = 0;              // faults that waited for the transfer
+  uint64_t az_fallbacks = 0;           // switches to zcopy for too many faults
 };
 
 class Connection {
@@ -129,6 +149,9 @@ class Connection {
   void SetReadinessCallback(std::function<void(uint32_t)> cb);
 
   ConnectionStats stats() const;
+  // Whether this side may send asynchronously (AZ-SDP): both sides were in
+  // azcopy mode at set-up and the provider has RDMA read and atomics.
+  bool az_negotiated() const;
   absl::Status SetMode(Mode mode);
   absl::Status SetZcopyThreshold(size_t bytes);
   ConnectionOptions options() const;

@@ -49,6 +49,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
 }
 
 Engine::~Engine() {
+  // The guard's service thread must be done with us (az.cc).
+  if (az_used_.load()) az::Guard::Get().RemoveClient(fault_client());
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -60,7 +62,10 @@ Engine::~Engine() {
     if (!conns_.empty()) {
       ZS_LOG(kWarn, "sdp engine destroyed with %d connections open; closing them",
              static_cast<int>(conns_.size()));
-      for (auto& [id, c] : conns_) c->CloseEndpoint();
+      for (auto& [id, c] : conns_) {
+        c->AzReleaseAll();
+        c->CloseEndpoint();
+      }
       conns_.clear();
     }
   }
@@ -144,7 +149,12 @@ void Engine::RunCallbacks() {
   for (auto& p : todo) (*p.cb)(p.readiness);
 }
 
-void Engine::RemoveLocked(uint64_t id) { conns_.erase(id); }
+void Engine::RemoveLocked(uint64_t id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  it->second->AzReleaseAll();
+  conns_.erase(it);
+}
 
 void Engine::DispatchLocked(Completion& c) {
   stats_.completions++;

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "core/fd.h"
 #include "core/provider.h"
+#include "core/sdp/az_guard.h"
 #include "core/sdp/connection.h"
 
 namespace zsock::sdp {
@@ -71,7 +72,7 @@ struct EngineStats {
   uint64_t protocol_aborts = 0;  // connections aborted for a malformed message
 };
 
-class Engine {
+class Engine : private az::FaultClient {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options = {});
   ~Engine();  // every Connection and Listener must be gone first
@@ -114,6 +115,10 @@ class Engine {
   void ProgressThread();
   size_t LeadWait(std::span<Completion> out, absl::Time until);
   void RemoveLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AZ-SDP: a thread touched a buffer one of our connections is sending
+  // (az.cc); on the guard's service thread, without mu_.
+  void OnFault(uint64_t cookie) override ABSL_LOCKS_EXCLUDED(mu_);
+  az::FaultClient* fault_client() { return this; }
 
   std::unique_ptr<Fabric> fabric_;
   std::unique_ptr<CompletionQueue> cq_;
@@ -131,6 +136,7 @@ class Engine {
   std::vector<PendingCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   Mutex callback_mu_;  // runs callbacks in order, one batch at a time
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> az_used_{false};  // a connection protected a buffer
   std::thread progress_thread_;
 };
 

@@ -1,0 +1,310 @@
+// AZ-SDP (docs/azsdp.md, seed 003 section 4): the connection's side of
+// asynchronous zero-copy. Send protects the page-aligned middle of a large
+// buffer (az_guard.h), announces it in a SrcAvail flagged AzAsync with a lock
+// word in the receiver's table, and returns; the receiver locks the word
+// before it pulls; a write to the buffer ends in Engine::OnFault, which
+// copies the data aside if it wins the lock word by remote compare-and-swap
+// (AzUpdate points the receiver at the copy) or waits for the pull.
+// Everything here runs with the engine mutex held.
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/log.h"
+#include "core/sdp/az_guard.h"
+#include "core/sdp/conn_state.h"
+#include "core/sdp/engine.h"
+#include "core/status.h"
+
+namespace zsock::sdp {
+
+using wire::MessageId;
+
+AzCopyBuf::~AzCopyBuf() {
+  mr.reset();
+  std::free(base);
+}
+
+absl::Status ConnState::SetUpAz() {
+  if (opt.mode != Mode::kAz) return absl::OkStatus();
+  const EndpointInfo& info = ep->info();
+  if (info.rdma_read == Support::kNone || info.atomics == Support::kNone) {
+    ZS_LOG(kInfo, "sdp: AZ-SDP needs RDMA read and atomics, which the connection to %s lacks "
+           "(read %s, atomics %s); its large sends go by zcopy",
+           peer_address.c_str(), std::string(SupportName(info.rdma_read)).c_str(),
+           std::string(SupportName(info.atomics)).c_str());
+    return absl::OkStatus();
+  }
+  const uint32_t slots = std::clamp<uint32_t>(opt.az_adverts, 1, kAzMaxSlots);
+  auto r = ep->fabric()->AllocateRegistered(slots * sizeof(uint64_t), kAccessAll);
+  if (!r.ok()) {
+    ZS_LOG(kWarn, "sdp: cannot allocate the AZ-SDP lock table (%s); not offering AZ-SDP",
+           r.status().ToString().c_str());
+    return absl::OkStatus();
+  }
+  std::memset((*r)->addr(), 0, slots * sizeof(uint64_t));
+  az_table = std::move(*r);
+  az_table_slots = slots;
+  az_sink_gen.assign(slots, 0);
+  my_caps |= wire::kCapAz;
+  return absl::OkStatus();
+}
+
+void ConnState::AddAzHello(wire::Hello& h) const {
+  if (!az_table) return;
+  h.max_adverts = static_cast<uint8_t>(az_table_slots);
+  std::string v(4, '\0');
+  uint32_t n = az_table_slots;
+  std::memcpy(v.data(), &n, 4);  // little-endian hosts only (docs/protocol.md)
+  v += az_table->remote_key().Serialize();
+  h.extensions.push_back({wire::kExtAzLockTable, std::move(v)});
+}
+
+void ConnState::AcceptPeerAz() {
+  if (!(peer.caps & wire::kCapAz)) return;
+  const wire::Extension* ext = nullptr;
+  for (const auto& e : peer.extensions) {
+    if (e.type == wire::kExtAzLockTable) ext = &e;
+  }
+  wire::Header h;
+  h.mid = active ? MessageId::kHelloAck : MessageId::kHello;
+  if (ext == nullptr || ext->value.size() < 4) {
+    ProtocolError(Violation(h, "offers AZ-SDP without a lock-word table"));
+    return;
+  }
+  uint32_t slots;
+  std::memcpy(&slots, ext->value.data(), 4);
+  auto key = RemoteKey::Parse(absl::string_view(ext->value).substr(4));
+  if (!key.ok() || slots == 0 || slots > kAzMaxSlots || slots > peer.max_adverts ||
+      key->length < uint64_t{slots} * 8 || key->addr % 8 != 0 ||
+      !(key->access & kRemoteAtomic)) {
+    ProtocolError(Violation(h, absl::StrCat("has a malformed AZ-SDP lock-word table (", slots,
+                                            " slots)")));
+    return;
+  }
+  peer_table = std::move(*key);
+  peer_table_slots = slots;
+  az_src_gen.assign(slots, 0);
+  az_slot_busy.assign(slots, 0);
+  az = (peer.caps & wire::kCapRdmaRead) && ep->info().atomics != Support::kNone;
+}
+
+uint32_t ConnState::AzLimit() const {
+  return std::min<uint32_t>(peer.max_adverts, peer_table_slots);
+}
+
+uint64_t ConnState::TxCommitted() const {
+  uint64_t n = tx_pos;
+  for (const AzSrc& s : az_src) n += s.len - s.done;
+  return n;
+}
+
+ConnState::AzSrc* ConnState::FindAz(uint32_t serial) {
+  for (AzSrc& s : az_src) {
+    if (s.serial == serial) return &s;
+  }
+  return nullptr;
+}
+
+void ConnState::AzFinish(size_t index) {
+  AzSrc& s = az_src[index];
+  if (s.guard >= 0) az::Guard::Get().Release(s.guard);
+  az_slot_busy[s.slot] = 0;
+  az_src_gen[s.slot]++;
+  az_src.erase(az_src.begin() + static_cast<std::ptrdiff_t>(index));
+  engine->NotifyLocked();
+}
+
+void ConnState::AzReleaseAll() {
+  for (AzSrc& s : az_src) {
+    if (s.guard >= 0) az::Guard::Get().Release(s.guard);
+  }
+  az_src.clear();
+  std::fill(az_slot_busy.begin(), az_slot_busy.end(), 0);
+}
+
+wire::Message ConnState::AzAdvert(const AzSrc& s, uint8_t flags) const {
+  wire::Advert a;
+  if (s.copy) {
+    a.addr = reinterpret_cast<uint64_t>(s.copy->base);
+    a.key = s.copy->mr->remote_key();
+  } else {
+    a.addr = s.addr;
+    a.key = s.mr->remote_key();
+  }
+  a.length = s.len;
+  a.az_slot = s.slot;
+  a.stream_pos = s.stream_pos;
+  a.key_bytes = a.key.Serialize();
+  return wire::Message{{MessageId::kSrcAvail, flags}, a};
+}
+
+bool ConnState::AzMove(AzSrc& s) {
+  auto copy = std::make_unique<AzCopyBuf>();
+  if (posix_memalign(&copy->base, 4096, s.len) != 0) {
+    copy->base = nullptr;
+    return false;
+  }
+  std::memcpy(copy->base, reinterpret_cast<const void*>(s.addr), s.len);
+  auto r = ep->fabric()->RegisterMemory(copy->base, s.len, kLocalRead | kRemoteRead);
+  if (!r.ok()) {
+    ZS_LOG(kInfo, "sdp: AZ-SDP copy-on-write cannot register its copy (%s); waiting instead",
+           r.status().ToString().c_str());
+    return false;
+  }
+  copy->mr = std::move(*r);
+  s.copy = std::move(copy);
+  if (s.posted) {
+    QueueCtl(AzAdvert(s, wire::kFlagAzUpdate | wire::kFlagAzAsync));
+  } else {
+    for (TxItem& item : dataq) {
+      if (item.az_serial == s.serial) {
+        item.encoded = wire::EncodeToString(AzAdvert(s, wire::kFlagAzAsync));
+        break;
+      }
+    }
+  }
+  if (s.guard >= 0) az::Guard::Get().Release(s.guard);
+  s.guard = -1;
+  s.moved = true;
+  s.mr.reset();
+  TryTransmit();
+  return true;
+}
+
+void ConnState::AzSinkDone(RxSeg& s) {
+  if (s.slot == wire::kNoSlot || !az_table) return;
+  __atomic_store_n(LockWord(s.slot), AzWord(s.gen + 1, kAzFree), __ATOMIC_SEQ_CST);
+  az_sink_gen[s.slot] = s.gen + 1;
+  s.slot = wire::kNoSlot;
+}
+
+ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
+  AzSrc* s = FindAz(serial);
+  if (s == nullptr || s->guard < 0) return AzStep::kDone;
+  stats.az_faults++;
+  const int64_t now = absl::GetCurrentTimeNanos();
+  if (now - az_window_start > 1000000000) {
+    az_window_start = now;
+    az_window_faults = 0;
+  }
+  if (++az_window_faults > opt.az_fault_limit && opt.mode == Mode::kAz) {
+    opt.mode = Mode::kZcopy;
+    stats.az_fallbacks++;
+    ZS_LOG(kWarn, "sdp connection to %s: %u faults on buffers being sent within a second exceed "
+           "az_fault_limit=%u; falling back to zcopy (the application writes its send buffers "
+           "right after sending; SetMode(azcopy) or ZSOCK_SO_MODE re-enables AZ-SDP)",
+           peer_address.c_str(), az_window_faults, opt.az_fault_limit);
+    QueueCtl(wire::Message{{MessageId::kModeChange}, wire::ModeChange{Mode::kZcopy}});
+    TryTransmit();
+  }
+  if (opt.az_policy == AzPolicy::kBlock || !error.ok()) {
+    stats.az_blocks++;
+    return AzStep::kBlock;
+  }
+  if (!s->posted) {
+    // Still queued here: nobody can be reading it; move it at once.
+    if (AzMove(*s)) {
+      stats.az_copies++;
+      return AzStep::kDone;
+    }
+    stats.az_blocks++;
+    return AzStep::kBlock;
+  }
+  if (s->done > 0 || s->moved) {
+    stats.az_blocks++;
+    return AzStep::kBlock;
+  }
+  atomic_status = absl::OkStatus();
+  atomic_result = ~uint64_t{0};
+  auto st = ep->CompareSwap(&atomic_result, peer_table.addr + uint64_t{s->slot} * 8, peer_table,
+                            AzWord(s->gen, kAzFree), AzWord(s->gen, kAzSourceMoved),
+                            MakeCtx(id, kCtxAtomic, 0));
+  if (!st.ok()) {
+    ZS_LOG(kInfo, "sdp: AZ-SDP lock-word compare-and-swap failed to start (%s); waiting instead",
+           st.ToString().c_str());
+    stats.az_blocks++;
+    return AzStep::kBlock;
+  }
+  atomics_out++;
+  return AzStep::kCasPosted;
+}
+
+bool ConnState::AzFaultCasDone(uint32_t serial) {
+  AzSrc* s = FindAz(serial);
+  if (s == nullptr || s->guard < 0) return true;
+  const bool won = atomic_status.ok() && atomic_result == AzWord(s->gen, kAzFree);
+  if (!won) {
+    if (!atomic_status.ok()) {
+      ZS_LOG(kInfo, "sdp: AZ-SDP lock-word compare-and-swap failed (%s); waiting instead",
+             atomic_status.ToString().c_str());
+    }
+    stats.az_blocks++;
+    return false;
+  }
+  if (AzMove(*s)) {
+    stats.az_copies++;
+    return true;
+  }
+  // We hold the lock word but have no copy: point the receiver at the
+  // original (still protected) and wait for it like block-on-write.
+  QueueCtl(AzAdvert(*s, wire::kFlagAzUpdate | wire::kFlagAzAsync));
+  s->moved = true;
+  TryTransmit();
+  stats.az_blocks++;
+  return false;
+}
+
+bool ConnState::AzGuarded(uint32_t serial) {
+  AzSrc* s = FindAz(serial);
+  return s != nullptr && s->guard >= 0 && error.ok();
+}
+
+// ---------------------------------------------------------------- Engine
+
+void Engine::OnFault(uint64_t cookie) {
+  const uint64_t id = cookie >> 32;
+  const uint32_t serial = static_cast<uint32_t>(cookie);
+  {
+    MutexLock lock(&mu_);
+    // The connection may close during any wait: look it up each time.
+    auto conn = [&]() -> ConnState* {
+      auto it = conns_.find(id);
+      return it == conns_.end() ? nullptr : it->second.get();
+    };
+    ConnState* c = conn();
+    if (c == nullptr) return;
+    bool block = false;
+    switch (c->AzFaultBegin(serial)) {
+      case ConnState::AzStep::kDone:
+        break;
+      case ConnState::AzStep::kBlock:
+        block = true;
+        break;
+      case ConnState::AzStep::kCasPosted:
+        WaitLocked(
+            [&] {
+              ConnState* x = conn();
+              return x == nullptr || x->atomics_out == 0;
+            },
+            absl::InfiniteFuture());
+        if (ConnState* x = conn()) block = !x->AzFaultCasDone(serial);
+        break;
+    }
+    if (block) {
+      WaitLocked(
+          [&] {
+            ConnState* x = conn();
+            return x == nullptr || !x->AzGuarded(serial);
+          },
+          absl::InfiniteFuture());
+    }
+    if (ConnState* x = conn()) NoteReadinessLocked(x);
+  }
+  RunCallbacks();
+}
+
+}  // namespace zsock::sdp
