@@ -37,6 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/config.h"
 #include "core/provider.h"
 #include "core/status.h"
 
@@ -1292,6 +1293,9 @@ absl::StatusOr<Child> Spawn(const Options& opt, const Run& run, std::string role
     g_child.index = index;
     g_child.port = port;
     for (const auto& [k, v] : run.transport->env) setenv(k.c_str(), v.c_str(), 1);
+    // The parent may have loaded the configuration already (logging does):
+    // this child's ZSOCK_MODE/ZSOCK_PROVIDER must take effect.
+    zsock::Config::ReloadGlobalInChild();
     Pin(core);
     body();
     std::fflush(nullptr);

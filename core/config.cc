@@ -236,18 +236,36 @@ std::map<std::string, std::string> ZsockEnvironment() {
   return env;
 }
 
+namespace {
+absl::StatusOr<Config>* GlobalStorage() {
+  static auto* global = new absl::StatusOr<Config>(
+      absl::FailedPreconditionError("configuration not loaded"));
+  return global;
+}
+void LoadGlobal() {
+  absl::StatusOr<Config>* config = GlobalStorage();
+  *config = Config::Load(ZsockEnvironment());
+  // Logging sits below config and reads only ZSOCK_LOG_LEVEL; a level set
+  // in the config file is applied here.
+  LogLevel level;
+  if (config->ok() && ParseLogLevel((*config)->GetString("log_level"), &level)) {
+    SetLogLevel(level);
+  }
+}
+}  // namespace
+
 const absl::StatusOr<Config>& Config::Global() {
-  static const auto* global = [] {
-    auto* config = new absl::StatusOr<Config>(Load(ZsockEnvironment()));
-    // Logging sits below config and reads only ZSOCK_LOG_LEVEL; a level set
-    // in the config file is applied here.
-    LogLevel level;
-    if (config->ok() && ParseLogLevel((*config)->GetString("log_level"), &level)) {
-      SetLogLevel(level);
-    }
-    return config;
+  static const bool loaded = [] {
+    LoadGlobal();
+    return true;
   }();
-  return *global;
+  (void)loaded;
+  return *GlobalStorage();
+}
+
+void Config::ReloadGlobalInChild() {
+  (void)Global();
+  LoadGlobal();
 }
 
 const ConfigValue& Config::Get(absl::string_view key) const {

@@ -48,6 +48,11 @@ class Config {
                                      const std::string* file = nullptr);
   // The process-wide configuration, loaded once from the real environment.
   static const absl::StatusOr<Config>& Global();
+  // Re-reads the global configuration from the environment and file, in
+  // place (references from Global() stay valid). Only for a freshly forked,
+  // still single-threaded child that changed its environment (benchmark
+  // children inherit the parent's loaded configuration otherwise).
+  static void ReloadGlobalInChild();
 
   // Typed getters for known keys (the value was validated at load).
   std::string GetString(absl::string_view key) const;
