@@ -688,7 +688,7 @@ TEST_P(Sockets, ConnectAcceptCloseRepeatedly) {
 std::vector<Param> Params() {
   std::vector<Param> out;
   for (const auto& c : zsock::ConformanceConfigurations()) {
-    for (const char* mode : {"bcopy", "zcopy"}) out.emplace_back(c, mode);
+    for (const char* mode : {"bcopy", "zcopy", "azcopy"}) out.emplace_back(c, mode);
   }
   return out;
 }

@@ -39,14 +39,15 @@ absl::Status ConnState::SetUpAz() {
     return absl::OkStatus();
   }
   const uint32_t slots = std::clamp<uint32_t>(opt.az_adverts, 1, kAzMaxSlots);
-  auto r = ep->fabric()->AllocateRegistered(slots * sizeof(uint64_t), kAccessAll);
-  if (!r.ok()) {
+  auto index = engine->AcquireLockTable();
+  if (!index.ok()) {
     ZS_LOG(kWarn, "sdp: cannot allocate the AZ-SDP lock table (%s); not offering AZ-SDP",
-           r.status().ToString().c_str());
+           index.status().ToString().c_str());
     return absl::OkStatus();
   }
-  std::memset((*r)->addr(), 0, slots * sizeof(uint64_t));
-  az_table = std::move(*r);
+  az_table_index = *index;
+  az_table = engine->LockTableRegion(az_table_index, &az_words);
+  std::memset(az_words, 0, kAzMaxSlots * sizeof(uint64_t));
   az_table_slots = slots;
   az_sink_gen.assign(slots, 0);
   my_caps |= wire::kCapAz;
@@ -59,7 +60,11 @@ void ConnState::AddAzHello(wire::Hello& h) const {
   std::string v(4, '\0');
   uint32_t n = az_table_slots;
   std::memcpy(v.data(), &n, 4);  // little-endian hosts only (docs/protocol.md)
-  v += az_table->remote_key().Serialize();
+  // The key names only this connection's words of the shared region.
+  RemoteKey key = az_table->remote_key();
+  key.addr = reinterpret_cast<uint64_t>(az_words);
+  key.length = uint64_t{az_table_slots} * sizeof(uint64_t);
+  v += key.Serialize();
   h.extensions.push_back({wire::kExtAzLockTable, std::move(v)});
 }
 

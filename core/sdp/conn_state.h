@@ -172,7 +172,11 @@ struct ConnState {
 
   // ---- AZ-SDP (docs/azsdp.md) ----
   bool az = false;                          // my SrcAvails may be asynchronous
-  std::unique_ptr<MemoryRegion> az_table;   // my lock words (peer's adverts)
+  // My lock words (the peer's adverts): kAzMaxSlots words of an
+  // engine-wide registered region (Engine::AcquireLockTable).
+  MemoryRegion* az_table = nullptr;
+  uint64_t* az_words = nullptr;
+  int az_table_index = -1;
   uint32_t az_table_slots = 0;
   std::vector<uint64_t> az_sink_gen;        // per slot: finished uses
   RemoteKey peer_table;                     // the peer's lock words
@@ -247,7 +251,7 @@ struct ConnState {
   void AzReleaseAll();                     // connection over: unprotect all
   bool AzMove(AzSrc& s);                   // copy aside, point the advert at it
   uint64_t* LockWord(uint32_t slot) const {
-    return static_cast<uint64_t*>(az_table->addr()) + slot;
+    return az_words + slot;
   }
   void AzSinkDone(RxSeg& s);               // reset my lock word for reuse
   void AddAzHello(wire::Hello& h) const;   // my table in my Hello/HelloAck

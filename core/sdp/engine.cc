@@ -68,6 +68,7 @@ Engine::~Engine() {
       }
       conns_.clear();
     }
+    lock_regions_.clear();  // registrations go before their fabric
   }
   cq_.reset();
   fabric_.reset();
@@ -153,8 +154,36 @@ void Engine::RemoveLocked(uint64_t id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   it->second->AzReleaseAll();
+  if (it->second->az_table_index >= 0) ReleaseLockTable(it->second->az_table_index);
   conns_.erase(it);
 }
+
+namespace {
+constexpr int kTablesPerRegion = 128;  // 64 KiB regions of 512-byte tables
+constexpr size_t kTableBytes = kAzMaxSlots * sizeof(uint64_t);
+}  // namespace
+
+absl::StatusOr<int> Engine::AcquireLockTable() {
+  if (free_lock_tables_.empty()) {
+    auto r = fabric_->AllocateRegistered(kTablesPerRegion * kTableBytes, kAccessAll);
+    if (!r.ok()) return r.status();
+    const int base = static_cast<int>(lock_regions_.size()) * kTablesPerRegion;
+    lock_regions_.push_back(std::move(*r));
+    for (int i = kTablesPerRegion; i-- > 0;) free_lock_tables_.push_back(base + i);
+  }
+  int index = free_lock_tables_.back();
+  free_lock_tables_.pop_back();
+  return index;
+}
+
+MemoryRegion* Engine::LockTableRegion(int index, uint64_t** words) {
+  MemoryRegion* r = lock_regions_[index / kTablesPerRegion].get();
+  *words = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(r->addr()) +
+                                       (index % kTablesPerRegion) * kTableBytes);
+  return r;
+}
+
+void Engine::ReleaseLockTable(int index) { free_lock_tables_.push_back(index); }
 
 void Engine::DispatchLocked(Completion& c) {
   stats_.completions++;

@@ -119,6 +119,12 @@ class Engine : private az::FaultClient {
   // (az.cc); on the guard's service thread, without mu_.
   void OnFault(uint64_t cookie) override ABSL_LOCKS_EXCLUDED(mu_);
   az::FaultClient* fault_client() { return this; }
+  // AZ-SDP lock tables: kAzMaxSlots words per connection, carved from
+  // registered regions shared by the engine's connections (one region per
+  // connection would cost unet a shared segment announced to every peer).
+  absl::StatusOr<int> AcquireLockTable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MemoryRegion* LockTableRegion(int index, uint64_t** words) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLockTable(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<Fabric> fabric_;
   std::unique_ptr<CompletionQueue> cq_;
@@ -137,6 +143,8 @@ class Engine : private az::FaultClient {
   Mutex callback_mu_;  // runs callbacks in order, one batch at a time
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> az_used_{false};  // a connection protected a buffer
+  std::vector<std::unique_ptr<MemoryRegion>> lock_regions_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_lock_tables_ ABSL_GUARDED_BY(mu_);
   std::thread progress_thread_;
 };
 
