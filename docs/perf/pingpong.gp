@@ -12,4 +12,5 @@ set ylabel "one-way latency, p50 (us)"
 set title "Ping-pong latency (seed 003 fig. 6a)" noenhanced
 plot "pingpong.dat" index 0 using 1:2 with linespoints lw 2 title "unet bcopy" noenhanced, \
      "pingpong.dat" index 1 using 1:2 with linespoints lw 2 title "unet zcopy" noenhanced, \
-     "pingpong.dat" index 2 using 1:2 with linespoints lw 2 title "kernel TCP" noenhanced
+     "pingpong.dat" index 2 using 1:2 with linespoints lw 2 title "unet azcopy" noenhanced, \
+     "pingpong.dat" index 3 using 1:2 with linespoints lw 2 title "kernel TCP" noenhanced

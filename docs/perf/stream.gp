@@ -12,4 +12,5 @@ set ylabel "throughput (10^9 bytes/s)"
 set title "Uni-directional throughput (seed 003 fig. 6b)" noenhanced
 plot "stream.dat" index 0 using 1:2 with linespoints lw 2 title "unet bcopy" noenhanced, \
      "stream.dat" index 1 using 1:2 with linespoints lw 2 title "unet zcopy" noenhanced, \
-     "stream.dat" index 2 using 1:2 with linespoints lw 2 title "kernel TCP" noenhanced
+     "stream.dat" index 2 using 1:2 with linespoints lw 2 title "unet azcopy" noenhanced, \
+     "stream.dat" index 3 using 1:2 with linespoints lw 2 title "kernel TCP" noenhanced
