@@ -49,6 +49,10 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
        {"copy", "block"}},
       {"az_adverts", ConfigType::kInt, "16",
        "AZ-SDP: asynchronous SrcAvails outstanding per connection", {}, 1, 64},
+      {"az_early_recv", ConfigType::kBool, "off",
+       "AZ-SDP: a large page-aligned receive returns before its data lands (the "
+       "pages are inaccessible until then; kernel reads of them fail with EFAULT "
+       "meanwhile)"},
       {"az_fault_limit", ConfigType::kInt, "5000",
        "AZ-SDP: faults per second on one connection above which it falls back "
        "to zcopy (see its statistics)", {}, 1, 100000000},

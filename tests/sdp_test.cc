@@ -1342,6 +1342,55 @@ TEST_P(SdpAzTest, ForkWhileProtectedLeavesNoStuckPages) {
   Finish(c.get(), child);
 }
 
+// Receive side (az_early_recv): a large page-aligned receive returns before
+// its data lands; the pages are inaccessible until it does, and reading
+// them waits and then sees the arrived bytes. The receiver has no progress
+// thread, so nothing lands before its own first access (a fault).
+TEST_P(SdpAzTest, ReceiveReturnsBeforeTheDataLandsAndReadsSeeIt) {
+  constexpr size_t kLen = 4 << 20;
+  ConnectionOptions o = Options();
+  o.az_early_recv = true;
+  auto l = engine_->Listen("", o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  listener_ = std::move(*l);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    PageBuf out(kLen);
+    FillStream(out.data(), 0, kLen, 40);
+    auto w = s.conn->Send(out.data(), kLen, 0, Deadline());
+    CHILD_OK(w.status());
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  std::vector<uint8_t> scratch;
+  size_t got = 0;
+  while (got < kLen) {
+    auto r = c->Recv(buf.data() + got, kLen - got, 0, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_GT(*r, 0u);
+    // Read what the call returned at once: faults until it landed.
+    EXPECT_LT(CheckStream(buf.data() + got, got, *r, 40, &scratch), 0) << "at " << got;
+    got += *r;
+  }
+  auto st = c->stats();
+  EXPECT_GE(st.az_recv_early, 1u);
+  EXPECT_GE(st.az_faults, 1u);
+  EXPECT_EQ(st.bytes_recv_srcavail, kLen);
+  // The buffer is ordinary memory again: writable, and usable by the kernel.
+  std::memset(buf.data(), 1, kLen);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  EXPECT_EQ(write(p[1], buf.data(), 4096), 4096);
+  close(p[0]);
+  close(p[1]);
+  Finish(c.get(), child);
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, SdpAzTest, ::testing::ValuesIn(AzParams()), ParamName);
 
 INSTANTIATE_TEST_SUITE_P(Providers, SdpCancelTest, ::testing::ValuesIn(AllParams()), ParamName);

@@ -7,6 +7,9 @@
 // (AzUpdate points the receiver at the copy) or waits for the pull.
 // Everything here runs with the engine mutex held.
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -14,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/log.h"
+#include "core/memhooks.h"
 #include "core/sdp/az_guard.h"
 #include "core/sdp/conn_state.h"
 #include "core/sdp/engine.h"
@@ -182,9 +186,117 @@ bool ConnState::AzMove(AzSrc& s) {
 
 void ConnState::AzSinkDone(RxSeg& s) {
   if (s.slot == wire::kNoSlot || !az_table) return;
-  __atomic_store_n(LockWord(s.slot), AzWord(s.gen + 1, kAzFree), __ATOMIC_SEQ_CST);
-  az_sink_gen[s.slot] = s.gen + 1;
+  AzSinkDone(s.slot, s.gen);
   s.slot = wire::kNoSlot;
+}
+
+void ConnState::AzSinkDone(uint32_t slot, uint64_t gen) {
+  __atomic_store_n(LockWord(slot), AzWord(gen + 1, kAzFree), __ATOMIC_SEQ_CST);
+  az_sink_gen[slot] = gen + 1;
+}
+
+// Receive side (seed 003 section 4.2): the pages at `dest` become
+// inaccessible and the call returns; the RDMA read lands in a fresh mapping
+// that then replaces them (mremap: no copy), and any access meanwhile waits
+// in the guard. The providers move data with the CPU, which could not write
+// into pages the application may not touch: hence the separate mapping.
+bool ConnState::AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len) {
+  void* temp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (temp == MAP_FAILED) return false;
+  std::unique_ptr<MemoryRegion> mr;
+  if (ep->fabric()->caps().registration_required) {
+    auto r = ep->fabric()->RegisterMemory(temp, len, kLocalWrite | kLocalRead);
+    if (!r.ok()) {
+      ::munmap(temp, len);
+      return false;
+    }
+    mr = std::move(*r);
+  }
+  const uint32_t serial = kAzRecvSerial | (++az_rx_serial & ~kAzRecvSerial);
+  auto g = az::Guard::Get().ProtectNone(reinterpret_cast<uintptr_t>(dest), len,
+                                        engine->fault_client(), (id << 32) | serial);
+  if (!g.ok()) {
+    ZS_LOG(kDebug, "sdp: AZ-SDP receives synchronously: %s", g.status().ToString().c_str());
+    mr.reset();
+    ::munmap(temp, len);
+    return false;
+  }
+  engine->az_used_.store(true, std::memory_order_relaxed);
+  const size_t max_rma = ep->fabric()->caps().max_rma_size;
+  const size_t chunk = max_rma > 0 ? std::min(max_rma, len) : len;
+  int posted = 0;
+  absl::Status st;
+  for (size_t off = 0; off < len && st.ok(); off += chunk) {
+    st = ep->Read(static_cast<uint8_t*>(temp) + off, std::min(chunk, len - off), mr.get(),
+                  s.addr + s.off + off, s.key, MakeCtx(id, kCtxAzRead, 0));
+    if (st.ok()) posted++;
+  }
+  if (posted == 0) {
+    az::Guard::Get().Release(*g);
+    mr.reset();
+    ::munmap(temp, len);
+    return false;
+  }
+  az_rx.pending = posted;
+  az_rx.status = st;  // a piece that could not start fails the landing
+  az_rx.active = true;
+  az_rx.serial = serial;
+  az_rx.advert = s.advert;
+  az_rx.bytes = static_cast<uint32_t>(len);
+  az_rx.seg_done = s.off + len == s.len;
+  az_rx.slot = s.slot;
+  az_rx.gen = s.gen;
+  az_rx.dest = reinterpret_cast<uintptr_t>(dest);
+  az_rx.len = len;
+  az_rx.temp = temp;
+  az_rx.mr = std::move(mr);
+  az_rx.guard = *g;
+  if (az_rx.seg_done) s.slot = wire::kNoSlot;  // the lock word resets on landing
+  stats.az_recv_early++;
+  return true;
+}
+
+void ConnState::AzRxLanded(absl::Status st) {
+  if (!az_rx.active) return;
+  if (!st.ok() && az_rx.status.ok()) az_rx.status = st;
+  if (--az_rx.pending > 0) return;
+  st = az_rx.status;
+  az_rx.mr.reset();
+  if (st.ok()) {
+    // syscall, not mremap(): the interposer's release gate would wait for
+    // the very range this releases.
+    void* r = reinterpret_cast<void*>(syscall(SYS_mremap, az_rx.temp, az_rx.len, az_rx.len,
+                                              MREMAP_MAYMOVE | MREMAP_FIXED, az_rx.dest));
+    if (r == MAP_FAILED) {
+      st = ErrnoError(errno, "AZ-SDP: mremap of a landed receive failed", "report a bug");
+    }
+  }
+  if (!st.ok()) ::munmap(az_rx.temp, az_rx.len);
+  az::Guard::Get().Release(az_rx.guard);
+  // Registrations of the replaced pages are stale.
+  NotifyMemoryReleased(reinterpret_cast<void*>(az_rx.dest), az_rx.len);
+  AzRx done = std::move(az_rx);
+  az_rx = AzRx{};
+  if (st.ok()) {
+    if (done.seg_done) AzSinkDone(done.slot, done.gen);
+    QueueCtl(wire::Message{{MessageId::kRdmaRdCompl}, wire::Completed{done.advert, done.bytes}});
+    TryTransmit();
+  } else if (error.ok()) {
+    // The application was told these bytes arrived: the connection cannot
+    // go on (its buffer keeps what it held before the call).
+    PostAbort(ECONNRESET);
+    Fail(MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                   absl::StrCat("AZ-SDP: the read of a receive that returned early failed: ",
+                                st.message()),
+                   "the last receive's bytes did not arrive; reconnect"));
+  }
+  engine->NotifyLocked();
+}
+
+void ConnState::AzRxAbandon() {
+  if (!az_rx.active) return;
+  az_rx.pending = 1;
+  AzRxLanded(error.ok() ? absl::CancelledError("connection closed") : error);
 }
 
 ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
@@ -282,6 +394,17 @@ void Engine::OnFault(uint64_t cookie) {
     };
     ConnState* c = conn();
     if (c == nullptr) return;
+    if (serial & kAzRecvSerial) {
+      // A receive that returned early: make progress until it lands.
+      c->stats.az_faults++;
+      WaitLocked(
+          [&] {
+            ConnState* x = conn();
+            return x == nullptr || !x->az_rx.active || x->az_rx.serial != serial;
+          },
+          absl::InfiniteFuture());
+      return;
+    }
     bool block = false;
     switch (c->AzFaultBegin(serial)) {
       case ConnState::AzStep::kDone:

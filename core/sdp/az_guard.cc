@@ -232,6 +232,9 @@ struct Guard::Impl {
   bool LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::Status CheckLocked(uintptr_t addr, size_t len, std::vector<Range>* ranges)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::StatusOr<int> ProtectLocked(const std::vector<Range>& ranges, int prot,
+                                    FaultClient* client, uint64_t cookie)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void UnprotectLocked(int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
@@ -435,6 +438,49 @@ absl::StatusOr<int> Guard::Protect(uintptr_t addr, size_t len, FaultClient* clie
   impl_->StartLocked();
   std::vector<Range> ranges;
   if (auto st = impl_->CheckLocked(addr, len, &ranges); !st.ok()) return st;
+  return impl_->ProtectLocked(ranges, PROT_READ, client, cookie);
+}
+
+absl::StatusOr<int> Guard::ProtectNone(uintptr_t addr, size_t len, FaultClient* client,
+                                       uint64_t cookie) {
+  const size_t page = PageSize();
+  if (len == 0 || addr % page != 0 || len % page != 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "AZ-SDP: protected ranges are whole pages", "internal error");
+  }
+  impl_->EnsureHandler();
+  MutexLock lock(&impl_->mu);
+  impl_->StartLocked();
+  const uintptr_t end = addr + len;
+  if (impl_->LiveCoversLocked(addr, end, -1)) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, EBUSY,
+                     "AZ-SDP: the receive buffer is still being sent", "received synchronously");
+  }
+  if (impl_->maps.empty() || impl_->maps_generation != MappingGeneration()) {
+    impl_->LoadMapsLocked();
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool ok = true;
+    for (uintptr_t p = addr; p < end && ok;) {
+      auto it = std::upper_bound(impl_->maps.begin(), impl_->maps.end(), p,
+                                 [](uintptr_t x, const Vma& v) { return x < v.start; });
+      if (it == impl_->maps.begin() || (--it, p >= it->end)) {
+        ok = false;
+        break;
+      }
+      ok = it->read && it->write && !it->exec && !it->shared && it->inode == 0;
+      p = it->end;
+    }
+    if (ok) return impl_->ProtectLocked({{addr, end}}, PROT_NONE, client, cookie);
+    if (attempt == 0) impl_->LoadMapsLocked();
+  }
+  return MakeError(absl::StatusCode::kFailedPrecondition, EACCES,
+                   "AZ-SDP: the receive buffer is not private anonymous read-write memory",
+                   "received synchronously");
+}
+
+absl::StatusOr<int> Guard::Impl::ProtectLocked(const std::vector<Range>& ranges, int prot,
+                                               FaultClient* client, uint64_t cookie) {
   int i = 0;
   for (; i < kSlots; ++i) {
     if (g_slots[i].live.load(std::memory_order_relaxed) == 0) break;
@@ -458,16 +504,16 @@ absl::StatusOr<int> Guard::Protect(uintptr_t addr, size_t len, FaultClient* clie
   g_live.fetch_add(1, std::memory_order_acq_rel);
   for (size_t k = 0; k < ranges.size(); ++k) {
     if (::mprotect(reinterpret_cast<void*>(ranges[k].start), ranges[k].end - ranges[k].start,
-                   PROT_READ) != 0) {
+                   prot) != 0) {
       int err = errno;
       s.nranges.store(static_cast<uint32_t>(k), std::memory_order_release);
-      impl_->UnprotectLocked(i);
-      return ErrnoError(err, "AZ-SDP: mprotect of the send buffer failed",
-                        "sent synchronously instead (raise vm.max_map_count if ENOMEM)");
+      UnprotectLocked(i);
+      return ErrnoError(err, "AZ-SDP: mprotect of the buffer failed",
+                        "moved synchronously instead (raise vm.max_map_count if ENOMEM)");
     }
   }
-  impl_->protects++;
-  impl_->aliases += ranges.size() - 1;
+  protects++;
+  aliases += ranges.size() - 1;
   return i;
 }
 

@@ -65,6 +65,11 @@ class Guard {
   // protection then); ResourceExhausted when too many ranges are protected.
   absl::StatusOr<int> Protect(uintptr_t addr, size_t len, FaultClient* client,
                               uint64_t cookie);
+  // Receive side: makes the pages [addr, addr + len) inaccessible
+  // (PROT_NONE) until Release; any access waits. Only private anonymous
+  // read-write memory that no range covers (FailedPrecondition otherwise).
+  absl::StatusOr<int> ProtectNone(uintptr_t addr, size_t len, FaultClient* client,
+                                  uint64_t cookie);
   // Restores write access where no other protected range needs it and wakes
   // the threads waiting on this range. Idempotent per handle use.
   void Release(int handle);

@@ -35,8 +35,11 @@ inline uint64_t AzWord(uint64_t gen, AzLockState s) { return (gen << 2) | s; }
 
 // Completion context: conn id << 24 | kind << 20 | index.
 enum CtxKind : uint64_t {
-  kCtxRx = 1, kCtxTx = 2, kCtxHello = 3, kCtxRead = 4, kCtxWrite = 5, kCtxAtomic = 6
+  kCtxRx = 1, kCtxTx = 2, kCtxHello = 3, kCtxRead = 4, kCtxWrite = 5, kCtxAtomic = 6,
+  kCtxAzRead = 7
 };
+// Fault cookies of receive ranges have this serial bit.
+inline constexpr uint32_t kAzRecvSerial = 0x80000000u;
 inline uint64_t MakeCtx(uint64_t id, CtxKind kind, uint64_t index) {
   return (id << 24) | (static_cast<uint64_t>(kind) << 20) | (index & 0xfffff);
 }
@@ -191,6 +194,22 @@ struct ConnState {
     std::unique_ptr<AzCopyBuf> copy;
   };
   std::deque<AzSrc> az_src;                 // asynchronous SrcAvails in flight
+  // Receive side: a Recv that returned before its data landed. The read
+  // goes to `temp`, which replaces the protected pages at `dest` (mremap)
+  // when it completes; then the RdmaRdCompl leaves.
+  struct AzRx {
+    bool active = false, seg_done = false;
+    uint32_t serial = 0, advert = 0, bytes = 0, slot = 0;
+    uint64_t gen = 0;
+    uintptr_t dest = 0;
+    size_t len = 0;
+    void* temp = nullptr;
+    std::unique_ptr<MemoryRegion> mr;
+    int guard = -1;
+    int pending = 0;           // reads in flight (max_rma_size pieces)
+    absl::Status status;       // the first read error
+  } az_rx;
+  uint32_t az_rx_serial = 0;
   std::vector<uint64_t> az_src_gen;         // per peer slot: finished uses
   std::vector<uint8_t> az_slot_busy;
   uint32_t az_serial = 0;
@@ -254,6 +273,12 @@ struct ConnState {
     return az_words + slot;
   }
   void AzSinkDone(RxSeg& s);               // reset my lock word for reuse
+  void AzSinkDone(uint32_t slot, uint64_t gen);
+  // Receive side: tries to return `s`'s next bytes into [dest, dest+len)
+  // (page-aligned) before they land; false: do it synchronously.
+  bool AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len);
+  void AzRxLanded(absl::Status st);        // the early receive's read finished
+  void AzRxAbandon();                      // connection over: give the pages back
   void AddAzHello(wire::Hello& h) const;   // my table in my Hello/HelloAck
   wire::Message AzAdvert(const AzSrc& s, uint8_t flags) const;
   // Fault on advert `serial` (Engine::OnFault drives these).

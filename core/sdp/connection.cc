@@ -36,6 +36,7 @@ ConnectionOptions ConnectionOptions::FromConfig() {
     o.az_policy = config->GetString("az_policy") == "block" ? AzPolicy::kBlock : AzPolicy::kCopy;
     o.az_adverts = static_cast<uint32_t>(config->GetInt("az_adverts"));
     o.az_fault_limit = static_cast<uint32_t>(config->GetInt("az_fault_limit"));
+    o.az_early_recv = config->GetBool("az_early_recv");
   }
   return o;
 }
@@ -281,6 +282,9 @@ void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
     case kCtxAtomic:
       atomics_out--;
       if (!c.status.ok() && atomic_status.ok()) atomic_status = c.status;
+      break;
+    case kCtxAzRead:
+      AzRxLanded(c.status);
       break;
   }
   TryTransmit();
@@ -1301,6 +1305,17 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           }
           continue;
         }
+        // An earlier receive that returned early must land before the next
+        // read (its RdmaRdCompl goes first).
+        if (c->az_rx.active) {
+          e->WaitLocked([&] { return !c->az_rx.active || !c->error.ok(); },
+                        absl::InfiniteFuture());
+          if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+          si = 0;
+          peek_skip = 0;
+          if (peek) break;
+          continue;
+        }
         // AZ-SDP SrcAvail: lock its word before the first read, unless the
         // source moved the data to a copy (then its AzUpdate comes).
         if (s.slot != wire::kNoSlot && !s.locked && !s.moved) {
@@ -1331,6 +1346,25 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
             c->ProtocolError(Violation(h, absl::StrCat("lock word ", s.slot, " holds ", expect,
                                                        ", not generation ", s.gen)));
             return copied ? absl::StatusOr<size_t>(copied) : c->error;
+          }
+        }
+        // AZ-SDP receive side: whole pages of a large, page-aligned buffer
+        // are returned at once and land behind the application's back.
+        if (s.slot != wire::kNoSlot && !peek && !waitall && c->opt.mode == Mode::kAz &&
+            c->opt.az_early_recv) {
+          const size_t page = az::PageSize();
+          auto* d = static_cast<uint8_t*>(cur.ptr());
+          const size_t k = std::min(avail, cur.space()) / page * page;
+          if (reinterpret_cast<uintptr_t>(d) % page == 0 &&
+              k >= std::max<size_t>(c->opt.zcopy_threshold, 16 * page) &&
+              c->AzRecvEarly(s, d, k)) {
+            s.off += k;
+            c->rx_pos += k;
+            c->stats.bytes_recv_srcavail += k;
+            if (s.off == s.len) c->rxq.erase(c->rxq.begin() + static_cast<std::ptrdiff_t>(si));
+            cur.Advance(k);
+            copied += k;
+            break;
           }
         }
         // SrcAvail: RDMA-read into the caller's buffer.
@@ -1571,8 +1605,12 @@ absl::Status Connection::Close() {
     }
     // Operations on user buffers must be over before they are released.
     engine_->WaitLocked(
-        [&] { return c->reads_out == 0 && c->writes_out == 0 && c->atomics_out == 0; },
+        [&] {
+          return c->reads_out == 0 && c->writes_out == 0 && c->atomics_out == 0 &&
+                 !c->az_rx.active;
+        },
         absl::Now() + absl::Seconds(5));
+    c->AzRxAbandon();
     c->AzReleaseAll();  // not pulled within the linger time: given up
     c->phase = ConnState::Phase::kClosed;
     c->CloseEndpoint();

@@ -65,6 +65,10 @@ struct ConnectionOptions {
   AzPolicy az_policy = AzPolicy::kCopy;
   uint32_t az_adverts = 16;         // asynchronous SrcAvails outstanding at most
   uint32_t az_fault_limit = 5000;   // faults per second before falling back to zcopy
+  // AZ-SDP receive side: a large page-aligned receive returns before its
+  // data lands, the pages inaccessible until then (docs/azsdp.md: kernel
+  // reads of them, e.g. write(2) of the buffer, fail with EFAULT meanwhile).
+  bool az_early_recv = false;
   // This side's socket address, sent in the Hello / HelloAck (the peer's
   // peer_socket_address()); "" sends none.
   std::string local_sockaddr;
@@ -115,6 +119,7 @@ struct ConnectionStats {
   uint64_t az_copies = 0;              // faults resolved by copy-on-write
   uint64_t az_blocks = 0;              // faults that waited for the transfer
   uint64_t az_fallbacks = 0;           // switches to zcopy for too many faults
+  uint64_t az_recv_early = 0;          // receives returned before their data landed
 };
 
 class Connection {

@@ -63,6 +63,7 @@ Engine::~Engine() {
       ZS_LOG(kWarn, "sdp engine destroyed with %d connections open; closing them",
              static_cast<int>(conns_.size()));
       for (auto& [id, c] : conns_) {
+        c->AzRxAbandon();
         c->AzReleaseAll();
         c->CloseEndpoint();
       }
@@ -153,6 +154,7 @@ void Engine::RunCallbacks() {
 void Engine::RemoveLocked(uint64_t id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
+  it->second->AzRxAbandon();
   it->second->AzReleaseAll();
   if (it->second->az_table_index >= 0) ReleaseLockTable(it->second->az_table_index);
   conns_.erase(it);
