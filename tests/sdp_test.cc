@@ -1391,6 +1391,48 @@ TEST_P(SdpAzTest, ReceiveReturnsBeforeTheDataLandsAndReadsSeeIt) {
   Finish(c.get(), child);
 }
 
+// An echo with az_early_recv: the buffer a receive returned early is sent
+// straight back; the send waits for the landing and echoes the right bytes.
+TEST_P(SdpAzTest, EchoOfAnEarlyReceive) {
+  constexpr size_t kLen = 2 << 20;
+  ConnectionOptions o = Options();
+  o.az_early_recv = true;
+  auto l = engine_->Listen("", o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  listener_ = std::move(*l);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    PageBuf out(kLen);
+    FillStream(out.data(), 0, kLen, 41);
+    CHILD_OK(s.conn->Send(out.data(), kLen, 0, Deadline()).status());
+    std::vector<uint8_t> in(kLen), scratch;
+    auto r = s.conn->Recv(in.data(), kLen, MSG_WAITALL, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kLen);
+    CHILD_CHECK(CheckStream(in.data(), 0, kLen, 41, &scratch) < 0);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  size_t got = 0;
+  while (got < kLen) {
+    auto r = c->Recv(buf.data() + got, kLen - got, 0, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_GT(*r, 0u);
+    // Echo at once, before touching the bytes.
+    auto w = c->Send(buf.data() + got, *r, 0, Deadline());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_EQ(*w, *r);
+    got += *r;
+  }
+  EXPECT_GE(c->stats().az_recv_early, 1u);
+  Finish(c.get(), child);
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, SdpAzTest, ::testing::ValuesIn(AzParams()), ParamName);
 
 INSTANTIATE_TEST_SUITE_P(Providers, SdpCancelTest, ::testing::ValuesIn(AllParams()), ParamName);

@@ -43,6 +43,7 @@ struct Slot {
   std::atomic<uint32_t> seq{0};
   std::atomic<uint32_t> fault{0};
   std::atomic<uint32_t> nranges{0};
+  std::atomic<uint32_t> unreadable{0};  // PROT_NONE (a receive in flight)
   std::atomic<uintptr_t> start[kMaxRanges];
   std::atomic<uintptr_t> end[kMaxRanges];
   FaultClient* client = nullptr;  // guarded by Impl::mu
@@ -79,11 +80,12 @@ bool Covers(const Slot& s, uintptr_t lo, uintptr_t hi) {
   return false;
 }
 
-int FindSlot(uintptr_t lo, uintptr_t hi) {
+int FindSlot(uintptr_t lo, uintptr_t hi, bool unreadable_only = false) {
   const int limit = g_limit.load(std::memory_order_acquire);
   for (int i = 0; i < limit; ++i) {
     const Slot& s = g_slots[i];
     if (s.live.load(std::memory_order_acquire) == 0) continue;
+    if (unreadable_only && s.unreadable.load(std::memory_order_relaxed) == 0) continue;
     if (Covers(s, lo, hi)) return i;
   }
   return -1;
@@ -499,6 +501,7 @@ absl::StatusOr<int> Guard::Impl::ProtectLocked(const std::vector<Range>& ranges,
   s.client = client;
   s.cookie = cookie;
   s.fault.store(0, std::memory_order_relaxed);
+  s.unreadable.store(prot == PROT_NONE ? 1 : 0, std::memory_order_relaxed);
   if (g_limit.load(std::memory_order_relaxed) < i + 1) g_limit.store(i + 1, std::memory_order_release);
   s.live.store(1, std::memory_order_release);
   g_live.fetch_add(1, std::memory_order_acq_rel);
@@ -555,10 +558,17 @@ bool Guard::Overlaps(const void* addr, size_t len) const {
   return FindSlot(a, a + len) >= 0;
 }
 
-void Guard::WaitWritable(const void* addr, size_t len) {
+void Guard::WaitWritable(const void* addr, size_t len) { WaitFor(addr, len, false); }
+
+void Guard::WaitReadable(const void* addr, size_t len) {
+  if (g_live.load(std::memory_order_acquire) == 0 || len == 0) return;
+  WaitFor(addr, len, true);
+}
+
+void Guard::WaitFor(const void* addr, size_t len, bool unreadable_only) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   for (;;) {
-    int i = FindSlot(a, a + len);
+    int i = FindSlot(a, a + len, unreadable_only);
     if (i < 0) return;
     Slot& s = g_slots[i];
     uint32_t seq = s.seq.load(std::memory_order_acquire);

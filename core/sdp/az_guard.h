@@ -78,6 +78,9 @@ class Guard {
   // Blocks until [addr, addr + len) overlaps no protected page, asking the
   // clients to resolve. Not from a signal handler; no engine lock held.
   void WaitWritable(const void* addr, size_t len);
+  // Blocks until [addr, addr + len) overlaps no page made unreadable by
+  // ProtectNone (a receive in flight); cheap when nothing is protected.
+  void WaitReadable(const void* addr, size_t len);
   // Waits until the service thread is not calling `client` and drops its
   // pending faults; call before destroying it.
   void RemoveClient(FaultClient* client);
@@ -89,6 +92,7 @@ class Guard {
 
  private:
   Guard();
+  void WaitFor(const void* addr, size_t len, bool unreadable_only);
   Impl* impl_;
 };
 

@@ -988,6 +988,9 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
                                         absl::Time deadline) {
   if (state_ == nullptr) return Closed();
   Engine* e = engine_;
+  // A buffer whose receive is still landing (AZ-SDP az_early_recv) is
+  // unreadable: wait for it before any lock is held (echo servers do this).
+  for (const iovec& v : iov) az::Guard::Get().WaitReadable(v.iov_base, v.iov_len);
   absl::StatusOr<size_t> result;
   {
     MutexLock lock(&e->mu_);
