@@ -1051,6 +1051,12 @@ class SdpAzTest : public SdpTest {
     if (go_[1] >= 0) close(go_[1]);
   }
   bool copy() const { return GetParam().policy == AzPolicy::kCopy; }
+  // The accepted side gets `o` (the connecting child keeps Options()).
+  void Relisten(const ConnectionOptions& o) {
+    auto l = engine_->Listen("", o);
+    ASSERT_TRUE(l.ok()) << l.status();
+    listener_ = std::move(*l);
+  }
   void Go() { ASSERT_EQ(write(go_[1], "g", 1), 1); }
 
   // Child: waits for the go-ahead, then reads `total` stream bytes of
@@ -1299,9 +1305,7 @@ TEST_P(SdpAzTest, FallsBackToZcopyAfterTooManyFaults) {
   constexpr int kRounds = 20;
   ConnectionOptions o = Options();
   o.az_fault_limit = 3;
-  auto l = engine_->Listen("", o);
-  ASSERT_TRUE(l.ok()) << l.status();
-  listener_ = std::move(*l);
+  Relisten(o);
   pid_t child = SpawnReceiver(kMsg * kRounds, 38);
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
@@ -1350,9 +1354,7 @@ TEST_P(SdpAzTest, ReceiveReturnsBeforeTheDataLandsAndReadsSeeIt) {
   constexpr size_t kLen = 4 << 20;
   ConnectionOptions o = Options();
   o.az_early_recv = true;
-  auto l = engine_->Listen("", o);
-  ASSERT_TRUE(l.ok()) << l.status();
-  listener_ = std::move(*l);
+  Relisten(o);
   pid_t child = Spawn([&] {
     ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
     PageBuf out(kLen);
@@ -1397,9 +1399,7 @@ TEST_P(SdpAzTest, EchoOfAnEarlyReceive) {
   constexpr size_t kLen = 2 << 20;
   ConnectionOptions o = Options();
   o.az_early_recv = true;
-  auto l = engine_->Listen("", o);
-  ASSERT_TRUE(l.ok()) << l.status();
-  listener_ = std::move(*l);
+  Relisten(o);
   pid_t child = Spawn([&] {
     ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
     PageBuf out(kLen);

@@ -428,13 +428,20 @@ absl::Status Guard::Impl::CheckLocked(uintptr_t addr, size_t len, std::vector<Ra
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> Guard::Protect(uintptr_t addr, size_t len, FaultClient* client,
-                                   uint64_t cookie) {
+namespace {
+absl::Status WholePages(uintptr_t addr, size_t len) {
   const size_t page = PageSize();
   if (len == 0 || addr % page != 0 || len % page != 0) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                      "AZ-SDP: protected ranges are whole pages", "internal error");
   }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<int> Guard::Protect(uintptr_t addr, size_t len, FaultClient* client,
+                                   uint64_t cookie) {
+  if (auto st = WholePages(addr, len); !st.ok()) return st;
   impl_->EnsureHandler();
   MutexLock lock(&impl_->mu);
   impl_->StartLocked();
@@ -445,11 +452,7 @@ absl::StatusOr<int> Guard::Protect(uintptr_t addr, size_t len, FaultClient* clie
 
 absl::StatusOr<int> Guard::ProtectNone(uintptr_t addr, size_t len, FaultClient* client,
                                        uint64_t cookie) {
-  const size_t page = PageSize();
-  if (len == 0 || addr % page != 0 || len % page != 0) {
-    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     "AZ-SDP: protected ranges are whole pages", "internal error");
-  }
+  if (auto st = WholePages(addr, len); !st.ok()) return st;
   impl_->EnsureHandler();
   MutexLock lock(&impl_->mu);
   impl_->StartLocked();
