@@ -221,6 +221,13 @@ struct Guard::Impl {
   FaultClient* calling ABSL_GUARDED_BY(mu) = nullptr;
   std::vector<Vma> maps ABSL_GUARDED_BY(mu);  // cache; reloaded on a miss
   uint64_t maps_generation ABSL_GUARDED_BY(mu) = 0;  // MappingGeneration() at load
+  // The cached mapping containing `p`, or nullptr.
+  const Vma* VmaAtLocked(uintptr_t p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = std::upper_bound(maps.begin(), maps.end(), p,
+                               [](uintptr_t x, const Vma& v) { return x < v.start; });
+    if (it == maps.begin() || p >= (--it)->end) return nullptr;
+    return &*it;
+  }
   void LoadMapsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     maps_generation = MappingGeneration();
     maps = ReadMaps();
@@ -380,9 +387,8 @@ absl::Status Guard::Impl::CheckLocked(uintptr_t addr, size_t len, std::vector<Ra
     absl::Status bad;
     uintptr_t p = addr;
     while (p < end && bad.ok()) {
-      auto it = std::upper_bound(maps.begin(), maps.end(), p,
-                                 [](uintptr_t x, const Vma& v) { return x < v.start; });
-      if (it == maps.begin() || (--it, p >= it->end)) {
+      const Vma* it = VmaAtLocked(p);
+      if (it == nullptr) {
         bad = MakeError(absl::StatusCode::kFailedPrecondition, EFAULT,
                         absl::StrCat("AZ-SDP: address 0x", absl::Hex(p), " is not mapped"),
                         "sent synchronously instead");
@@ -467,9 +473,8 @@ absl::StatusOr<int> Guard::ProtectNone(uintptr_t addr, size_t len, FaultClient* 
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool ok = true;
     for (uintptr_t p = addr; p < end && ok;) {
-      auto it = std::upper_bound(impl_->maps.begin(), impl_->maps.end(), p,
-                                 [](uintptr_t x, const Vma& v) { return x < v.start; });
-      if (it == impl_->maps.begin() || (--it, p >= it->end)) {
+      const Vma* it = impl_->VmaAtLocked(p);
+      if (it == nullptr) {
         ok = false;
         break;
       }
