@@ -75,6 +75,11 @@ size_t CompletionQueue::Poll(std::span<Completion> out) {
 }
 
 bool CompletionQueue::Arm() {
+  // A notification from before this call has done its job (the caller
+  // polls after every wakeup, and ArmProvider checks the real state below):
+  // left in place it keeps wait_fd readable, and every later sleep on it
+  // returns at once, a hidden busy loop.
+  ClearWakeup();
   {
     MutexLock lock(&mu_);
     if (!ready_.empty()) return false;

@@ -992,9 +992,13 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
   // unreadable: wait for it before any lock is held (echo servers do this).
   for (const iovec& v : iov) az::Guard::Get().WaitReadable(v.iov_base, v.iov_len);
   absl::StatusOr<size_t> result;
+  // Readiness changes found on the way (the entry's progress, waits) are
+  // reported on every return, once the lock is released.
+  absl::Cleanup callbacks = [e] { e->RunCallbacks(); };
   {
     MutexLock lock(&e->mu_);
     ConnState* c = state_;
+    e->ProgressLocked();  // what arrived while the application was away
     bool dontwait = flags & MSG_DONTWAIT;
     if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? absl::Now() : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
@@ -1232,7 +1236,6 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     result = total;
     ZS_LOG(kTrace, "sdp conn %d send -> %zu", static_cast<int>(c->id), total);
   }
-  e->RunCallbacks();
   return result;
 }
 
@@ -1248,9 +1251,11 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     }
   }
   absl::StatusOr<size_t> result;
+  absl::Cleanup callbacks = [e] { e->RunCallbacks(); };  // as in Send
   {
     MutexLock lock(&e->mu_);
     ConnState* c = state_;
+    e->ProgressLocked();
     bool dontwait = flags & MSG_DONTWAIT;
     bool peek = flags & MSG_PEEK;
     bool waitall = (flags & MSG_WAITALL) && !peek;
@@ -1537,7 +1542,6 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     result = copied;
     ZS_LOG(kTrace, "sdp conn %d recv -> %zu", static_cast<int>(c->id), copied);
   }
-  e->RunCallbacks();
   return result;
 }
 

@@ -1,6 +1,8 @@
 #include "core/sdp/engine.h"
 
 #include <poll.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -40,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   if (!cq.ok()) return cq.status();
   std::unique_ptr<Engine> e(new Engine());
   e->notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  e->bg_notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   e->fabric_ = std::move(*fabric);
   e->cq_ = std::move(*cq);
   if (options.progress_thread) {
@@ -76,9 +79,19 @@ Engine::~Engine() {
 }
 
 void Engine::ProgressThread() {
+  // The lowest priority (nice 19): the thread is for progress while the
+  // application is away from the engine, and often shares the application's
+  // (pinned) core. At normal priority each wake-up (a peer's completion
+  // arrived) preempted an application computing between sends; now such
+  // completions wait for the application's next call, which dispatches them
+  // first (ProgressLocked), or for an idle moment of the core.
+  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19) != 0) {
+    ZS_LOG(kDebug, "sdp: could not lower the progress thread's priority: %s",
+           std::strerror(errno));
+  }
   MutexLock lock(&mu_);
   while (!stop_) {
-    WaitLocked([&] { return stop_; }, absl::Now() + absl::Seconds(1));
+    WaitLocked([&] { return stop_; }, absl::Now() + absl::Seconds(1), /*background=*/true);
   }
 }
 
@@ -87,51 +100,90 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
+namespace {
+void Signal(const Fd& fd) {
+  if (!fd) return;
+  uint64_t one = 1;
+  ssize_t rc = ::write(fd.get(), &one, sizeof(one));
+  (void)rc;  // EAGAIN: already signalled
+}
+}  // namespace
+
 void Engine::NotifyLocked() {
   cv_.SignalAll();
-  if (leader_ && notify_fd_) {
-    uint64_t one = 1;
-    ssize_t rc = ::write(notify_fd_.get(), &one, sizeof(one));
-    (void)rc;  // EAGAIN: already signalled
-  }
+  if (leader_) Signal(notify_fd_);
+  // The progress thread waits for nothing but stop; waking it for every
+  // local change would preempt the application on a shared core.
+  if (stop_ && bg_leading_) Signal(bg_notify_fd_);
 }
 
 // The leader's wait: like CompletionQueue::Wait (spin for spin_us, then
 // sleep on the CQ's fd), but also woken by NotifyLocked through the
 // engine's own eventfd, so a local state change another thread makes (a
-// shutdown, a release) ends the sleep at once.
-size_t Engine::LeadWait(std::span<Completion> out, absl::Time until) {
+// shutdown, a release) ends the sleep at once. The progress thread does not
+// spin: it works while the application is away, often on the application's
+// own (pinned) core, where every spin is time taken from the application.
+size_t Engine::LeadWait(std::span<Completion> out, absl::Time until, bool background) {
   static const int64_t spin_ns = [] {
     const auto& config = Config::Global();
     return config.ok() ? config->GetInt("spin_us") * 1000 : int64_t{20000};
   }();
+  const Fd& notify = background ? bg_notify_fd_ : notify_fd_;
   const int64_t start = absl::GetCurrentTimeNanos();
   for (;;) {
-    if (size_t n = cq_->Poll(out); n > 0) return n;
-    if (absl::GetCurrentTimeNanos() - start >= spin_ns) break;
+    if (size_t n = TakeCq(out); n > 0) return n;
+    if (background || absl::GetCurrentTimeNanos() - start >= spin_ns) break;
   }
   for (;;) {
     absl::Time now = absl::Now();
     if (now >= until) return 0;
-    if (cq_->Arm()) {
-      pollfd pfd[2] = {{cq_->wait_fd(), POLLIN, 0}, {notify_fd_.get(), POLLIN, 0}};
+    // Arming drives the provider too: it needs the token. Busy: another
+    // thread is polling right now; let it finish.
+    if (polling_.exchange(true, std::memory_order_acquire)) {
+      sched_yield();
+      continue;
+    }
+    const bool armed = cq_->Arm();
+    ReleaseCq();
+    if (armed) {
+      pollfd pfd[2] = {{cq_->wait_fd(), POLLIN, 0}, {notify.get(), POLLIN, 0}};
       int ms = static_cast<int>(std::min<int64_t>(
           absl::ToInt64Milliseconds(until - now) + 1, 1000));
-      int rc = ::poll(pfd, notify_fd_ ? 2 : 1, ms);
+      int rc = ::poll(pfd, notify ? 2 : 1, ms);
       if (rc < 0 && errno != EINTR) {
         ZS_LOG(kWarn, "sdp: poll on the completion queue fd failed: %s", std::strerror(errno));
       }
-      bool notified = notify_fd_ && (pfd[1].revents & POLLIN);
+      bool notified = notify && (pfd[1].revents & POLLIN);
       if (notified) {
         uint64_t v;
-        while (::read(notify_fd_.get(), &v, sizeof(v)) == sizeof(v)) {}
+        while (::read(notify.get(), &v, sizeof(v)) == sizeof(v)) {}
       }
-      if (size_t n = cq_->Poll(out); n > 0) return n;
+      if (size_t n = TakeCq(out); n > 0) return n;
       if (notified) return 0;  // let the caller re-check its condition
     } else {
-      if (size_t n = cq_->Poll(out); n > 0) return n;
+      if (size_t n = TakeCq(out); n > 0) return n;
     }
   }
+}
+
+size_t Engine::TakeCq(std::span<Completion> out) {
+  if (polling_.exchange(true, std::memory_order_acquire)) return 0;
+  size_t n = cq_->Poll(out);
+  if (n == 0) ReleaseCq();
+  return n;
+}
+
+bool Engine::ProgressLocked() {
+  // An application thread leading dispatches promptly itself (it spins or
+  // sleeps on the CQ); polling beside it would only add hand-overs.
+  if (leader_) return false;
+  Completion comps[32];
+  size_t n = TakeCq(std::span<Completion>(comps, 32));
+  if (n == 0) return false;
+  for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
+  ReleaseCq();
+  cv_.SignalAll();
+  return true;
 }
 
 void Engine::NoteReadinessLocked(ConnState* c) {
@@ -199,34 +251,46 @@ void Engine::DispatchLocked(Completion& c) {
   NoteReadinessLocked(s);
 }
 
-bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline) {
+// Two leaders may sleep on the CQ at once: the progress thread (in the
+// background, without spinning) and one application thread, which leads
+// rather than waiting for the progress thread to hand completions over (a
+// hand-over costs a wake-up on a core the two often share). The poll token
+// keeps their polls in order.
+bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, bool background) {
   for (;;) {
     if (pred()) return true;
     absl::Time now = absl::Now();
     if (now >= deadline) return false;
     // Wake at least every second to re-check (a lost wakeup never hangs).
     absl::Time until = std::min(deadline, now + absl::Seconds(1));
-    if (!leader_) {
-      leader_ = true;
+    bool& leading = background ? bg_leading_ : leader_;
+    if (!leading) {
+      leading = true;
       stats_.leader_waits++;
       ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
       mu_.Unlock();
       Completion comps[32];
-      size_t n = LeadWait(std::span<Completion>(comps, 32), until);
+      size_t n = LeadWait(std::span<Completion>(comps, 32), until, background);
       mu_.Lock();
       ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
-      leader_ = false;
+      leading = false;
       for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
-      cv_.SignalAll();
-      if (!callbacks_.empty()) {
-        ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
-        mu_.Unlock();
-        RunCallbacks();
-        mu_.Lock();
-        ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
+      if (n > 0) {
+        ReleaseCq();
+        // The other leader may be waiting for what this dispatched.
+        if (background && leader_) Signal(notify_fd_);
       }
-    } else {
+      cv_.SignalAll();
+    } else if (!ProgressLocked()) {
       cv_.WaitWithDeadline(&mu_, until);
+      continue;
+    }
+    if (!callbacks_.empty()) {
+      ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
+      mu_.Unlock();
+      RunCallbacks();
+      mu_.Lock();
+      ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
     }
   }
 }
@@ -234,17 +298,7 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline) {
 void Engine::Poll() {
   {
     MutexLock lock(&mu_);
-    if (leader_) return;  // someone is already making progress
-    leader_ = true;
-    ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
-    mu_.Unlock();
-    Completion comps[32];
-    size_t n = cq_->Poll(std::span<Completion>(comps, 32));
-    mu_.Lock();
-    ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
-    leader_ = false;
-    for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
-    cv_.SignalAll();
+    ProgressLocked();
   }
   RunCallbacks();
 }

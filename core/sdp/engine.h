@@ -4,12 +4,16 @@
 // Progress needs no spinning thread: a thread blocked in a Connection call
 // becomes the progress leader (it waits on the CQ, which spins briefly and
 // then sleeps on its fd) and dispatches completions for every connection;
-// other blocked threads sleep on a condition variable until the leader hands
-// over. With EngineOptions::progress_thread, a background thread leads while
-// no caller does, so connections progress (credits return, peers' RDMA reads
-// of emulated providers are served, readiness callbacks fire) while the
-// application sleeps in its own epoll. Without it, Poll() makes progress
-// without blocking (for an event loop watching wait_fd()).
+// other blocked threads take what the CQ has or sleep on a condition
+// variable until the leader hands over. Every send and receive first
+// dispatches what arrived meanwhile. With EngineOptions::progress_thread, a
+// background thread also sleeps on the CQ (without spinning), so
+// connections progress (credits return, peers' RDMA reads of emulated
+// providers are served, readiness callbacks fire) while the application
+// sleeps in its own epoll or computes; an application thread that blocks
+// still leads itself. One poll token orders all polling (TakeCq). Without a
+// progress thread, Poll() makes progress without blocking (for an event
+// loop watching wait_fd()).
 //
 // The engine uses only core/provider.h; the provider comes from the fabric
 // config string (or the `provider` configuration key).
@@ -103,7 +107,8 @@ class Engine : private az::FaultClient {
                                                     absl::Time deadline);
   // Blocks (leading progress or following) until pred() or deadline;
   // returns pred(). Requires mu_.
-  bool WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline)
+  // `background`: the caller is the progress thread.
+  bool WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, bool background = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLocked(Completion& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes followers and the leader after a local state change.
@@ -113,7 +118,22 @@ class Engine : private az::FaultClient {
   // Runs queued callbacks; call without mu_.
   void RunCallbacks() ABSL_LOCKS_EXCLUDED(mu_);
   void ProgressThread();
-  size_t LeadWait(std::span<Completion> out, absl::Time until);
+  size_t LeadWait(std::span<Completion> out, absl::Time until, bool background);
+  // The poll token: one thread at a time polls (or arms) the CQ and keeps
+  // the token until what it polled is dispatched, so completions reach their
+  // connections in order although the leader polls without mu_. TakeCq
+  // returns how many completions it got; with n > 0 the token stays held
+  // (ReleaseCq after dispatching), with 0 it is released (also when another
+  // thread holds it: that thread dispatches).
+  size_t TakeCq(std::span<Completion> out);
+  void ReleaseCq() { polling_.store(false, std::memory_order_release); }
+  // Non-blocking progress by the calling thread unless another application
+  // thread leads: an application thread entering send/recv handles what
+  // arrived meanwhile itself (the progress thread shares the caller's core
+  // at low priority and does not run while the application computes; it
+  // would otherwise hold back credits, RdmaRdCompl and AZ-SDP's
+  // unprotects). True if it dispatched anything.
+  bool ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // AZ-SDP: a thread touched a buffer one of our connections is sending
   // (az.cc); on the guard's service thread, without mu_.
@@ -128,10 +148,13 @@ class Engine : private az::FaultClient {
 
   std::unique_ptr<Fabric> fabric_;
   std::unique_ptr<CompletionQueue> cq_;
-  Fd notify_fd_;  // wakes the leader's sleep on local state changes
+  Fd notify_fd_;     // wakes the leader's sleep on local state changes
+  Fd bg_notify_fd_;  // the same for the progress thread
   mutable Mutex mu_;
   CondVar cv_;
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  bool bg_leading_ ABSL_GUARDED_BY(mu_) = false;  // the progress thread sleeps on the CQ
+  std::atomic<bool> polling_{false};  // the poll token (TakeCq)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::unique_ptr<ConnState>> conns_ ABSL_GUARDED_BY(mu_);
