@@ -162,6 +162,8 @@ class CompletionQueue {
   // A file descriptor for poll/epoll: readable when Poll may return entries.
   // Protocol: call Arm(); if it returns true, sleep on wait_fd(); after
   // waking, Poll. If Arm() returns false, entries are already pending.
+  // Arm() first clears the previous wake-up (ClearWakeup), so an idle armed
+  // CQ's fd is not readable (conformance: WaitThroughCqFdInEpoll).
   virtual int wait_fd() const = 0;
   bool Arm();
 
