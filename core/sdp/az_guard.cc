@@ -252,6 +252,12 @@ Guard::Impl* g_impl = nullptr;
 
 void Gate(void*, uintptr_t addr, size_t len) {
   if (g_live.load(std::memory_order_acquire) == 0) return;
+  // Protected ranges are whole pages inside a buffer being sent: a block
+  // smaller than a page holds none (every free() of a small object in the
+  // process comes here). Should a small block still share a page with a
+  // sent region (an application sending a span of several heap blocks),
+  // the allocator's write into it faults and is resolved like any write.
+  if (len < PageSize()) return;
   Guard& g = Guard::Get();
   if (g.Overlaps(reinterpret_cast<void*>(addr), len)) {
     g.WaitWritable(reinterpret_cast<void*>(addr), len);
