@@ -1,8 +1,8 @@
 #include "core/sdp/engine.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -79,15 +79,18 @@ Engine::~Engine() {
 }
 
 void Engine::ProgressThread() {
-  // The lowest priority (nice 19): the thread is for progress while the
-  // application is away from the engine, and often shares the application's
-  // (pinned) core. At normal priority each wake-up (a peer's completion
-  // arrived) preempted an application computing between sends; now such
-  // completions wait for the application's next call, which dispatches them
-  // first (ProgressLocked), or for an idle moment of the core.
-  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19) != 0) {
-    ZS_LOG(kDebug, "sdp: could not lower the progress thread's priority: %s",
-           std::strerror(errno));
+  // SCHED_BATCH: the thread is for progress while the application is away
+  // from the engine, and often shares the application's (pinned) core. A
+  // normal thread's wake-up (a peer's completion arrived) preempted an
+  // application computing between sends; a batch thread never preempts on
+  // wake-up (it runs at the next tick or when the core idles), yet keeps
+  // its fair share under load, unlike a high nice value. Completions that
+  // arrive meanwhile wait for the application's next call, which dispatches
+  // them first (ProgressLocked).
+  sched_param param{};
+  if (int err = pthread_setschedparam(pthread_self(), SCHED_BATCH, &param); err != 0) {
+    ZS_LOG(kDebug, "sdp: could not make the progress thread SCHED_BATCH: %s",
+           std::strerror(err));
   }
   MutexLock lock(&mu_);
   while (!stop_) {

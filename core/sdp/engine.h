@@ -130,7 +130,7 @@ class Engine : private az::FaultClient {
   // Non-blocking progress by the calling thread unless another application
   // thread leads: an application thread entering send/recv handles what
   // arrived meanwhile itself (the progress thread shares the caller's core
-  // at low priority and does not run while the application computes; it
+  // as a batch thread and does not preempt an application computing; it
   // would otherwise hold back credits, RdmaRdCompl and AZ-SDP's
   // unprotects). True if it dispatched anything.
   bool ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
