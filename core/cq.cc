@@ -59,7 +59,10 @@ void CompletionQueue::DrainWake() {
 }
 
 size_t CompletionQueue::Poll(std::span<Completion> out) {
-  DrainWake();
+  // No DrainWake here: the wake-up belongs to whoever sleeps on wait_fd. A
+  // thread polling beside a sleeper (the SDP engine's application threads
+  // beside its progress thread) would otherwise swallow the sleeper's
+  // wake-up, and the sleeper's poll(2) would go back to sleep. Arm drains.
   Progress();
   // An empty queue takes no lock (a stale zero costs one poll; Push
   // publishes the size after appending).
@@ -80,6 +83,7 @@ bool CompletionQueue::Arm() {
   // left in place it keeps wait_fd readable, and every later sleep on it
   // returns at once, a hidden busy loop.
   ClearWakeup();
+  DrainWake();
   {
     MutexLock lock(&mu_);
     if (!ready_.empty()) return false;

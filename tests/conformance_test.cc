@@ -6,6 +6,7 @@
 //
 // Fork rule (docs/provider-interface.md): children fork before the parent
 // creates endpoints, open their own fabric, and leave with _exit.
+#include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -867,6 +868,23 @@ TEST_P(Conformance, WaitThroughCqFdInEpoll) {
   close(epfd);
   ASSERT_TRUE(SendBlob(ep.get(), "bye").ok());
   EXPECT_EQ(Reap(child), 0);
+}
+
+// A wake-up stays on wait_fd until the next Arm: a thread that merely polls
+// (the SDP engine's application threads beside its sleeping progress
+// thread) must not swallow it, or the sleeper's poll(2) goes back to sleep.
+TEST_P(Conformance, PollLeavesTheWakeupForTheSleeper) {
+  auto readable = [&] {
+    pollfd p{cq_->wait_fd(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  ASSERT_TRUE(cq_->Arm());
+  cq_->Wake();
+  EXPECT_TRUE(readable());
+  Completion c;
+  EXPECT_EQ(cq_->Poll(std::span<Completion>(&c, 1)), 0u);
+  EXPECT_TRUE(readable()) << "Poll drained the wake-up meant for a thread asleep on wait_fd";
+  EXPECT_TRUE(cq_->Arm());  // takes it
 }
 
 // A thread asleep in Wait wakes when another thread creates its completion:

@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   if (!cq.ok()) return cq.status();
   std::unique_ptr<Engine> e(new Engine());
   e->notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  e->bg_notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (options.progress_thread) e->bg_notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   e->fabric_ = std::move(*fabric);
   e->cq_ = std::move(*cq);
   if (options.progress_thread) {
@@ -148,6 +148,11 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time until, bool backgr
     }
     const bool armed = cq_->Arm();
     ReleaseCq();
+    // Arming cleared the wake-up state the progress thread sleeps on; when
+    // it finds work pending, this thread handles that work and the
+    // providers may stay disarmed (unet arms endpoints only up to the first
+    // with work): have the progress thread re-arm for itself.
+    if (!armed && !background && bg_notify_fd_) Signal(bg_notify_fd_);
     if (armed) {
       pollfd pfd[2] = {{cq_->wait_fd(), POLLIN, 0}, {notify.get(), POLLIN, 0}};
       int ms = static_cast<int>(std::min<int64_t>(
@@ -284,8 +289,8 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, boo
         if (background && leader_) Signal(notify_fd_);
       }
       cv_.SignalAll();
-    } else if (!ProgressLocked()) {
-      cv_.WaitWithDeadline(&mu_, until);
+    } else {
+      cv_.WaitWithDeadline(&mu_, until);  // the leader hands over
       continue;
     }
     if (!callbacks_.empty()) {
@@ -302,6 +307,12 @@ void Engine::Poll() {
   {
     MutexLock lock(&mu_);
     ProgressLocked();
+    // The caller goes back to its event loop to wait on wait_fd(): arm the
+    // CQ for it; with work already pending, make the fd readable instead.
+    if (!polling_.exchange(true, std::memory_order_acquire)) {
+      if (!cq_->Arm()) cq_->Wake();
+      ReleaseCq();
+    }
   }
   RunCallbacks();
 }

@@ -4,8 +4,8 @@
 // Progress needs no spinning thread: a thread blocked in a Connection call
 // becomes the progress leader (it waits on the CQ, which spins briefly and
 // then sleeps on its fd) and dispatches completions for every connection;
-// other blocked threads take what the CQ has or sleep on a condition
-// variable until the leader hands over. Every send and receive first
+// other blocked threads sleep on a condition variable until the leader
+// hands over. Every send and receive first
 // dispatches what arrived meanwhile. With EngineOptions::progress_thread, a
 // background thread also sleeps on the CQ (without spinning), so
 // connections progress (credits return, peers' RDMA reads of emulated
@@ -90,7 +90,9 @@ class Engine : private az::FaultClient {
       absl::string_view address, ConnectionOptions options = ConnectionOptions::FromConfig(),
       absl::Time deadline = absl::InfiniteFuture());
 
-  // Non-blocking progress for event loops: dispatches what the CQ has.
+  // Non-blocking progress for event loops: dispatches what the CQ has and
+  // arms wait_fd() for the loop's next wait (readable at once if work is
+  // already pending).
   void Poll();
   // The CQ's fd (readable when Poll may have work; see CompletionQueue::Arm).
   int wait_fd() const { return cq_->wait_fd(); }
