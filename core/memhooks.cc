@@ -99,6 +99,7 @@ std::atomic<int> g_in_effect{-1};
 // > 0 while this thread must not report (inside a handler, or a
 // ScopedMemoryHookBypass).
 ZSOCK_TLS int t_bypass = 0;
+ZSOCK_TLS bool t_heap_block = false;  // see ReleaseIsHeapBlock
 // True while this thread is inside dlsym() resolving a real function.
 ZSOCK_TLS bool t_resolving = false;
 // Slot whose handler this thread is running, or -1.
@@ -277,6 +278,13 @@ void Dispatch(uintptr_t addr, size_t len) {
   --t_bypass;
 }
 
+// A heap block's release (free, delete, realloc): see ReleaseIsHeapBlock.
+void DispatchHeapBlock(uintptr_t addr, size_t len) {
+  t_heap_block = true;
+  Dispatch(addr, len);
+  t_heap_block = false;
+}
+
 // Extent of a malloc'd block; at least 1 so the start address is reported.
 size_t BlockSize(void* ptr) {
   size_t n;
@@ -296,7 +304,7 @@ size_t BlockSize(void* ptr) {
 template <typename... Args>
 ZSOCK_NO_SANITIZE void DeleteHook(DeleteKind kind, void* ptr, Args... args) {
   if (ptr == nullptr || t_resolving) return;  // t_resolving: see free()
-  if (ShouldReport()) Dispatch(reinterpret_cast<uintptr_t>(ptr), BlockSize(ptr));
+  if (ShouldReport()) DispatchHeapBlock(reinterpret_cast<uintptr_t>(ptr), BlockSize(ptr));
   auto real = reinterpret_cast<void (*)(void*, Args...)>(
       ResolveNext(&g_real_delete[kind], kDeleteNames[kind]));
   if (real == nullptr) return;  // leak: no deallocator to return it to
@@ -490,6 +498,8 @@ uint64_t MappingGeneration() { return g_map_generation.load(std::memory_order_ac
 
 bool MemoryHooksActive() { return EnvEnabled() && InterposersInEffect(); }
 
+bool ReleaseIsHeapBlock() { return t_heap_block; }
+
 void NotifyMemoryReleased(const void* addr, size_t len) {
   if (len == 0 || g_installed.load(std::memory_order_relaxed) == 0 ||
       t_bypass != 0) {
@@ -507,6 +517,7 @@ ScopedMemoryHookBypass::~ScopedMemoryHookBypass() { --t_bypass; }
 
 using zsock::BlockSize;
 using zsock::Dispatch;
+using zsock::DispatchHeapBlock;
 using zsock::ResolveNext;
 using zsock::ShouldReport;
 
@@ -520,7 +531,7 @@ ZSOCK_NO_SANITIZE void free(void* ptr) noexcept {
   // is resolved from .preinit_array, and under a sanitizer the runtime's
   // free is known without dlsym).
   if (zsock::t_resolving) return;
-  if (ShouldReport()) Dispatch(reinterpret_cast<uintptr_t>(ptr), BlockSize(ptr));
+  if (ShouldReport()) DispatchHeapBlock(reinterpret_cast<uintptr_t>(ptr), BlockSize(ptr));
   auto real = reinterpret_cast<void (*)(void*)>(
       ResolveNext(&zsock::g_real_free, "free",
                   reinterpret_cast<void*>(&__interceptor_free)));
@@ -535,7 +546,7 @@ ZSOCK_NO_SANITIZE void* realloc(void* ptr, size_t size) noexcept {
   // The block may move or shrink: report the old extent (a block that stays
   // in place only costs the caches a re-registration).
   if (ptr != nullptr && ShouldReport()) {
-    Dispatch(reinterpret_cast<uintptr_t>(ptr), BlockSize(ptr));
+    DispatchHeapBlock(reinterpret_cast<uintptr_t>(ptr), BlockSize(ptr));
   }
   auto real = reinterpret_cast<void* (*)(void*, size_t)>(
       ResolveNext(&zsock::g_real_realloc, "realloc",

@@ -60,6 +60,14 @@ uint64_t MappingGeneration();
 // ZSOCK_MEMHOOKS=off, or the binary was linked without them).
 bool MemoryHooksActive();
 
+// True while handlers run for a free/delete/realloc of a heap block. Such a
+// release returns to the system at most the whole pages inside the block: a
+// page the block shares with other live blocks stays mapped (and its
+// registration valid). A registration cache that revoked everything
+// overlapping the block revoked live buffers whenever a small neighbour in
+// their first or last page was freed.
+bool ReleaseIsHeapBlock();
+
 // Reports a release to all handlers (what the interposers call). Explicit
 // calls are delivered even with ZSOCK_MEMHOOKS=off, but not from inside a
 // handler or a ScopedMemoryHookBypass; empty ranges are ignored.

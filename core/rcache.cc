@@ -383,7 +383,7 @@ void RegistrationCache::OnMemoryReleased(void* self, uintptr_t addr,
     if (!cache->OverlapsLocked(addr, end)) return;
   }
   WriterLock lock(&cache->mu_);
-  cache->InvalidateLocked(addr, end, &cache->graveyard_);
+  cache->InvalidateLocked(addr, end, &cache->graveyard_, ReleaseIsHeapBlock());
 }
 
 RegistrationCache::Index::const_iterator RegistrationCache::FirstOverlapLocked(
@@ -403,17 +403,33 @@ bool RegistrationCache::OverlapsLocked(uintptr_t start, uintptr_t end) const {
 }
 
 void RegistrationCache::InvalidateLocked(uintptr_t start, uintptr_t end,
-                                         std::shared_ptr<Entry>* dead) {
+                                         std::shared_ptr<Entry>* dead, bool heap_block) {
+  // What the release can take away from the range [s, e).
+  const uintptr_t page = PageSize();
+  const uintptr_t inner_start = start > UINTPTR_MAX - (page - 1) ? UINTPTR_MAX
+                                                                 : (start + page - 1) & ~(page - 1);
+  const uintptr_t inner_end = end & ~(page - 1);
+  const uintptr_t span_start = start & ~(page - 1);
+  const uintptr_t span_end = end > UINTPTR_MAX - (page - 1) ? UINTPTR_MAX
+                                                            : (end + page - 1) & ~(page - 1);
+  auto hit = [&](uintptr_t s, uintptr_t e) {
+    if (!heap_block) return s < end && start < e;
+    return (s < inner_end && inner_start < e) || (span_start <= s && e <= span_end);
+  };
   for (auto it = FirstOverlap(by_addr_, start, end);
        it != by_addr_.end() && it->first < end;) {
     auto next = std::next(it);
+    if (!hit(it->second->start, it->second->end)) {
+      it = next;
+      continue;
+    }
     it->second->region->Revoke();
     PushDead(RemoveLocked(it), dead);
     ++stats_.invalidations;
     it = next;
   }
   for (auto it = detached_.begin(); it != detached_.end();) {
-    if ((*it)->start < end && start < (*it)->end) {
+    if ((*it)->start < end && start < (*it)->end && hit((*it)->start, (*it)->end)) {
       (*it)->region->Revoke();
       PushDead(std::move(*it), dead);
       it = detached_.erase(it);
@@ -423,7 +439,7 @@ void RegistrationCache::InvalidateLocked(uintptr_t start, uintptr_t end,
     }
   }
   for (Pending* p = pending_; p != nullptr; p = p->next) {
-    if (p->start < end && start < p->end) p->stale = true;
+    if (p->start < end && start < p->end && hit(p->start, p->end)) p->stale = true;
   }
   UpdateTrackedLocked();
 }

@@ -96,9 +96,12 @@ class RegistrationCache {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Revokes every entry overlapping [start, end), moves them onto the `dead`
   // chain and marks overlapping registrations in flight stale. Allocates
-  // nothing (it runs inside free()).
+  // nothing (it runs inside free()). With `heap_block` (a free of the heap
+  // block [start, end), see ReleaseIsHeapBlock), only ranges that overlap
+  // the whole pages inside the block or lie within the block's pages: a
+  // registration whose first or last page the block merely shares stays.
   void InvalidateLocked(uintptr_t start, uintptr_t end,
-                        std::shared_ptr<Entry>* dead)
+                        std::shared_ptr<Entry>* dead, bool heap_block = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictLocked(std::shared_ptr<Entry>* dead)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

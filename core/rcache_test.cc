@@ -480,6 +480,38 @@ TEST_F(RcacheTest, FreeInvalidates) {
   EXPECT_TRUE(tracker_.destroyed[id].load());
 }
 
+// A free() returns at most the whole pages inside the block to the system:
+// a registration that merely shares its first page with a small block (a
+// heap buffer and its neighbour) stays valid when the neighbour is freed.
+// (Until 2026-11-22 it was revoked: a peer's RDMA write into the buffer,
+// announced by a SinkAvail, then hit an unknown key, and libfabric's tcp
+// provider ended the connection.) A registration within the freed block's
+// pages is still revoked.
+TEST_F(RcacheTest, FreeOfANeighbourSharingAPageKeepsTheRegistration) {
+  ASSERT_TRUE(MemoryHooksActive());
+  RegistrationCache& cache = Cache();
+  // First, alone in the cache: a registered sub-page block is revoked by
+  // its own free.
+  char* small = static_cast<char*>(std::malloc(300));
+  ASSERT_NE(small, nullptr);
+  auto s = MustGet(small, 300, kLocalWrite | kRemoteWrite);
+  ASSERT_NE(s, nullptr);
+  std::free(small);
+  EXPECT_TRUE(Revoked(s)) << "the free of a registered sub-page block must revoke it";
+  EXPECT_EQ(cache.stats().entries, 0u);
+
+  char* neighbour = static_cast<char*>(std::malloc(200));
+  ASSERT_NE(neighbour, nullptr);
+  // The registered range starts right after the neighbour, in its page, and
+  // runs 16 pages on (fake regions never touch the memory).
+  auto r = MustGet(neighbour + 256, 16 * page_, kLocalWrite | kRemoteWrite);
+  ASSERT_NE(r, nullptr);
+  const uint64_t before = cache.stats().invalidations;
+  std::free(neighbour);
+  EXPECT_FALSE(Revoked(r)) << "a neighbour's free revoked a live registration";
+  EXPECT_EQ(cache.stats().invalidations, before);
+}
+
 TEST_F(RcacheTest, DeleteInvalidates) {
   ASSERT_TRUE(MemoryHooksActive());
   RegistrationCache& cache = Cache();

@@ -435,11 +435,18 @@ TEST_P(SdpTest, PeerKilledMidTransferFailsBlockedCalls) {
     got += *r;
   }
   if (!early.ok()) {
-    kill(child, SIGKILL);
+    int status = 0;
+    std::string how = "still running";
+    if (waitpid(child, &status, WNOHANG) == child) {
+      how = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
+                                : absl::StrCat("exited with ", WEXITSTATUS(status));
+    } else {
+      kill(child, SIGKILL);
+      Reap(child);
+    }
     c->Abort();
     w.join();
-    Reap(child);
-    FAIL() << "before the kill: " << early;
+    FAIL() << "before the kill (the child " << how << "): " << early;
   }
   kill(child, SIGKILL);
   absl::Time killed = absl::Now();
