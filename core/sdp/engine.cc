@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 
@@ -140,14 +141,12 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time until, bool backgr
   for (;;) {
     absl::Time now = absl::Now();
     if (now >= until) return 0;
-    // Arming drives the provider too: it needs the token. Busy: another
-    // thread is polling right now; let it finish.
-    if (polling_.exchange(true, std::memory_order_acquire)) {
+    std::optional<bool> try_arm = TryArmCq();
+    if (!try_arm) {  // another thread is polling right now; let it finish
       sched_yield();
       continue;
     }
-    const bool armed = cq_->Arm();
-    ReleaseCq();
+    const bool armed = *try_arm;
     // Arming cleared the wake-up state the progress thread sleeps on; when
     // it finds work pending, this thread handles that work and the
     // providers may stay disarmed (unet arms endpoints only up to the first
@@ -181,6 +180,20 @@ size_t Engine::TakeCq(std::span<Completion> out) {
   return n;
 }
 
+std::optional<bool> Engine::TryArmCq() {
+  // Arming drives the provider too: it needs the token.
+  if (polling_.exchange(true, std::memory_order_acquire)) return std::nullopt;
+  const bool armed = cq_->Arm();
+  ReleaseCq();
+  return armed;
+}
+
+void Engine::DispatchTakenLocked(std::span<Completion> comps) {
+  for (Completion& c : comps) DispatchLocked(c);
+  if (!comps.empty()) ReleaseCq();
+  cv_.SignalAll();
+}
+
 bool Engine::ProgressLocked() {
   // An application thread leading dispatches promptly itself (it spins or
   // sleeps on the CQ); polling beside it would only add hand-overs.
@@ -188,9 +201,7 @@ bool Engine::ProgressLocked() {
   Completion comps[32];
   size_t n = TakeCq(std::span<Completion>(comps, 32));
   if (n == 0) return false;
-  for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
-  ReleaseCq();
-  cv_.SignalAll();
+  DispatchTakenLocked(std::span<Completion>(comps, n));
   return true;
 }
 
@@ -282,13 +293,9 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, boo
       mu_.Lock();
       ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
       leading = false;
-      for (size_t i = 0; i < n; ++i) DispatchLocked(comps[i]);
-      if (n > 0) {
-        ReleaseCq();
-        // The other leader may be waiting for what this dispatched.
-        if (background && leader_) Signal(notify_fd_);
-      }
-      cv_.SignalAll();
+      DispatchTakenLocked(std::span<Completion>(comps, n));
+      // The other leader may be waiting for what this dispatched.
+      if (n > 0 && background && leader_) Signal(notify_fd_);
     } else {
       cv_.WaitWithDeadline(&mu_, until);  // the leader hands over
       continue;
@@ -309,10 +316,8 @@ void Engine::Poll() {
     ProgressLocked();
     // The caller goes back to its event loop to wait on wait_fd(): arm the
     // CQ for it; with work already pending, make the fd readable instead.
-    if (!polling_.exchange(true, std::memory_order_acquire)) {
-      if (!cq_->Arm()) cq_->Wake();
-      ReleaseCq();
-    }
+    std::optional<bool> armed = TryArmCq();  // nullopt: a poller holds it
+    if (armed.has_value() && !*armed) cq_->Wake();
   }
   RunCallbacks();
 }

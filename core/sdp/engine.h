@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -129,6 +130,12 @@ class Engine : private az::FaultClient {
   // thread holds it: that thread dispatches).
   size_t TakeCq(std::span<Completion> out);
   void ReleaseCq() { polling_.store(false, std::memory_order_release); }
+  // Arms the CQ under the token: nullopt if another thread holds it, else
+  // what CompletionQueue::Arm returned.
+  std::optional<bool> TryArmCq();
+  // Dispatches completions TakeCq returned, gives the token back and wakes
+  // the threads waiting on the condition variable.
+  void DispatchTakenLocked(std::span<Completion> comps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Non-blocking progress by the calling thread unless another application
   // thread leads: an application thread entering send/recv handles what
   // arrived meanwhile itself (the progress thread shares the caller's core
