@@ -404,14 +404,17 @@ bool RegistrationCache::OverlapsLocked(uintptr_t start, uintptr_t end) const {
 
 void RegistrationCache::InvalidateLocked(uintptr_t start, uintptr_t end,
                                          std::shared_ptr<Entry>* dead, bool heap_block) {
-  // What the release can take away from the range [s, e).
+  // What the release can take away from the range [s, e). The block's
+  // pages [span_start, span_end); the whole pages inside it [inner_start,
+  // inner_end).
   const uintptr_t page = PageSize();
-  const uintptr_t inner_start = start > UINTPTR_MAX - (page - 1) ? UINTPTR_MAX
-                                                                 : (start + page - 1) & ~(page - 1);
+  uintptr_t span_start, span_end;
+  if (!PageRange(start, end - start, &span_start, &span_end)) {
+    span_start = start & ~(page - 1);
+    span_end = UINTPTR_MAX;
+  }
+  const uintptr_t inner_start = start == span_start ? start : span_start + page;
   const uintptr_t inner_end = end & ~(page - 1);
-  const uintptr_t span_start = start & ~(page - 1);
-  const uintptr_t span_end = end > UINTPTR_MAX - (page - 1) ? UINTPTR_MAX
-                                                            : (end + page - 1) & ~(page - 1);
   auto hit = [&](uintptr_t s, uintptr_t e) {
     if (!heap_block) return s < end && start < e;
     return (s < inner_end && inner_start < e) || (span_start <= s && e <= span_end);
