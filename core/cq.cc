@@ -17,6 +17,22 @@
 
 namespace zsock {
 
+namespace {
+
+// Where Push puts completions that a provider reports while Poll runs its
+// Progress on this thread: straight into Poll's output, when nothing is
+// queued ahead of them (then no lock, no queue). Nested polls (a provider
+// polling another CQ inside Progress) save and restore it.
+struct DirectSink {
+  const CompletionQueue* cq;
+  Completion* out;
+  size_t cap;
+  size_t n;
+};
+thread_local DirectSink* t_sink = nullptr;
+
+}  // namespace
+
 CompletionQueue::CompletionQueue() : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (wake_fd_ < 0) {
     ZS_LOG(kError, "eventfd for a completion queue failed (%s): cross-thread wakeups are lost",
@@ -28,11 +44,37 @@ CompletionQueue::~CompletionQueue() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
+bool CompletionQueue::PushDirect(Completion& c) {
+  DirectSink* sink = t_sink;
+  if (sink == nullptr || sink->cq != this || sink->n == sink->cap ||
+      ready_size_.load(std::memory_order_acquire) != 0) {
+    return false;
+  }
+  sink->out[sink->n++] = std::move(c);
+  return true;
+}
+
 void CompletionQueue::Push(Completion c) {
+  if (PushDirect(c)) return;
   bool wake = false;
   {
     MutexLock lock(&mu_);
     ready_.push_back(std::move(c));
+    ready_size_.store(ready_.size(), std::memory_order_release);
+    wake = armed_;
+    armed_ = false;
+  }
+  if (wake) Wake();
+}
+
+void CompletionQueue::PushAll(std::span<Completion> cs) {
+  size_t i = 0;
+  while (i < cs.size() && PushDirect(cs[i])) ++i;
+  if (i == cs.size()) return;
+  bool wake = false;
+  {
+    MutexLock lock(&mu_);
+    for (; i < cs.size(); ++i) ready_.push_back(std::move(cs[i]));
     ready_size_.store(ready_.size(), std::memory_order_release);
     wake = armed_;
     armed_ = false;
@@ -63,12 +105,22 @@ size_t CompletionQueue::Poll(std::span<Completion> out) {
   // thread polling beside a sleeper (the SDP engine's application threads
   // beside its progress thread) would otherwise swallow the sleeper's
   // wake-up, and the sleeper's poll(2) would go back to sleep. Arm drains.
-  Progress();
+  size_t n = 0;
+  if (ready_size_.load(std::memory_order_acquire) == 0 && !out.empty()) {
+    // Nothing queued: what Progress finds goes straight into `out`.
+    DirectSink sink{this, out.data(), out.size(), 0};
+    DirectSink* outer = t_sink;
+    t_sink = &sink;
+    Progress();
+    t_sink = outer;
+    n = sink.n;
+  } else {
+    Progress();
+  }
   // An empty queue takes no lock (a stale zero costs one poll; Push
   // publishes the size after appending).
-  if (ready_size_.load(std::memory_order_acquire) == 0) return 0;
+  if (n == out.size() || ready_size_.load(std::memory_order_acquire) == 0) return n;
   MutexLock lock(&mu_);
-  size_t n = 0;
   while (n < out.size() && !ready_.empty()) {
     out[n++] = std::move(ready_.front());
     ready_.pop_front();

@@ -170,6 +170,8 @@ class CompletionQueue {
   // Called by providers (and core emulation) to report a completion. Wakes a
   // thread sleeping on wait_fd() after Arm().
   void Push(Completion c);
+  // Push for a batch, under one lock (moves from `cs`).
+  void PushAll(std::span<Completion> cs);
   // Wakes a thread sleeping on wait_fd() after Arm(), for providers that
   // create work outside Progress (e.g. a receive posted for a message that
   // already arrived).
@@ -191,6 +193,8 @@ class CompletionQueue {
 
  private:
   void DrainWake();
+  // Push's fast path: into the output of a Poll running on this thread.
+  bool PushDirect(Completion& c);
 
   Mutex mu_;
   std::deque<Completion> ready_ ABSL_GUARDED_BY(mu_);

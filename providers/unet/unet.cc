@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "core/clock.h"
 #include "core/fd.h"
 #include "core/accept.h"
 #include "core/config.h"
@@ -1522,12 +1523,8 @@ void UnetCq::Detach(UnetEndpoint* ep, int watch_fd, int pidfd) {
 
 size_t UnetCq::Progress() {
   bool check = check_liveness_.exchange(false, std::memory_order_relaxed);
-  // CLOCK_MONOTONIC_COARSE: a vDSO read of the tick time, a few ns; the
-  // liveness interval is milliseconds, so tick precision is plenty (absl's
-  // GetCurrentTimeNanos was a tenth of an empty poll).
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  int64_t now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+  // The liveness interval is milliseconds: tick precision is plenty.
+  const int64_t now = CoarseNowNs();
   if (now - last_liveness_ns_.load(std::memory_order_relaxed) > kLivenessIntervalNs) {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
