@@ -295,6 +295,56 @@ TEST_P(Conformance, SendRecvSizesByteExact) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// Capabilities::inline_size is a promise: a send of at most that many bytes
+// completes while the peer neither posts a receive nor polls (here it is
+// blocked reading a pipe), and the bytes still arrive exactly afterwards.
+TEST_P(Conformance, InlineSendsCompleteWithoutThePeer) {
+  const size_t inline_size = fabric_->caps().inline_size;
+  if (inline_size == 0) GTEST_SKIP() << "this configuration promises no inline sends (inline_size 0)";
+  const std::vector<size_t> sizes = {1, inline_size};
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = Spawn([&] {
+    close(go[1]);
+    ChildConn c = ChildConnect();
+    char b;
+    CHILD_CHECK(read(go[0], &b, 1) == 1);  // the parent has seen its sends complete
+    std::vector<uint8_t> in(inline_size);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      CHILD_OK(c.ep->PostRecv(in.data(), in.size(), nullptr, i));
+      auto comp = WaitOk(c.cq.get());
+      CHILD_OK(comp.status());
+      CHILD_CHECK(comp->op == OpType::kRecv && comp->length == sizes[i]);
+      CHILD_CHECK(Check(in.data(), sizes[i], 40 + i));
+    }
+    CHILD_OK(SendBlob(c.ep.get(), "received"));
+    return 0;
+  });
+  close(go[0]);
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  std::vector<std::vector<uint8_t>> out;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.emplace_back(sizes[i]);
+    Fill(out.back().data(), sizes[i], 40 + i);
+    ASSERT_TRUE(ep->Send(out.back().data(), sizes[i], nullptr, i).ok());
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto c = WaitOk(cq_.get());
+    ASSERT_TRUE(c.ok()) << "an inline send of " << sizes[i]
+                        << " bytes did not complete while the peer was away: " << c.status();
+    EXPECT_EQ(c->op, OpType::kSend);
+  }
+  // The buffers are the caller's again: overwriting them changes nothing.
+  for (auto& o : out) std::fill(o.begin(), o.end(), 0xee);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  auto done = RecvBlob(ep.get());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, "received");
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Many sends outstanding at once arrive complete and in order.
 TEST_P(Conformance, OrderingWithManyOutstanding) {
   constexpr int kMessages = 2000;

@@ -66,6 +66,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/clock.h"
 #include "core/fd.h"
 #include "core/accept.h"
 #include "core/config.h"
@@ -332,7 +333,94 @@ struct Request {
   uint64_t result = 0;            // atomic result lands here
   uint64_t* user_result = nullptr;
   std::shared_ptr<MemoryRegion> pin;  // FI_MR_LOCAL: a cached registration of the buffer
+  // In its endpoint's list of operations handed to libfabric (RequestList).
+  Request* prev = nullptr;
+  Request* next = nullptr;
+  bool listed = false;
 };
+
+// The operations an endpoint has handed to libfabric and not yet completed:
+// an intrusive list, so that posting and completing one costs no allocation
+// and no hashing (a hash set was a twentieth of a small message's cost).
+class RequestList {
+ public:
+  void insert(Request* r) {
+    r->prev = nullptr;
+    r->next = head_;
+    if (head_ != nullptr) head_->prev = r;
+    head_ = r;
+    r->listed = true;
+  }
+  void erase(Request* r) {
+    if (!r->listed) return;
+    if (r->prev != nullptr) r->prev->next = r->next;
+    else head_ = r->next;
+    if (r->next != nullptr) r->next->prev = r->prev;
+    r->prev = r->next = nullptr;
+    r->listed = false;
+  }
+  // `r` must be a live request (e.g. one named by a CQ entry).
+  static bool contains(const Request* r) { return r->listed; }
+  Request* front() const { return head_; }
+  bool empty() const { return head_ == nullptr; }
+
+ private:
+  Request* head_ = nullptr;
+};
+
+// Requests are recycled through a small per-thread cache: a ping-pong posts
+// and completes two per round trip, and malloc plus free (core's release
+// hooks included) cost more than the rest of a post. Written here because
+// no library allocator recycles whole objects with their buffers' capacity.
+class RequestCache {
+ public:
+  static Request* Get() {
+    if (!t_gone && t_cache.head_ != nullptr) {
+      Request* r = t_cache.head_;
+      t_cache.head_ = r->next;
+      --t_cache.count_;
+      r->next = nullptr;
+      return r;
+    }
+    return new Request();
+  }
+  static void Put(Request* r) {
+    if (t_gone || t_cache.count_ >= kMax) {
+      delete r;
+      return;
+    }
+    // Fresh, but for a small buffer's capacity (control receive buffers,
+    // 64 KiB each, are not kept); the pin goes back to the cache now.
+    std::vector<uint8_t> owned = std::move(r->owned);
+    *r = Request();
+    if (owned.capacity() <= 64) {
+      owned.clear();
+      r->owned = std::move(owned);
+    }
+    r->next = t_cache.head_;
+    t_cache.head_ = r;
+    ++t_cache.count_;
+  }
+
+ private:
+  static constexpr int kMax = 32;
+  ~RequestCache() {
+    t_gone = true;  // a request completed later on this thread is deleted
+    while (head_ != nullptr) {
+      Request* r = head_;
+      head_ = r->next;
+      delete r;
+    }
+  }
+  Request* head_ = nullptr;
+  int count_ = 0;
+  static thread_local RequestCache t_cache;
+  // Trivially destructible, so readable after t_cache's destructor ran
+  // (thread exit, static destruction on the main thread).
+  static thread_local bool t_gone;
+};
+thread_local RequestCache RequestCache::t_cache;
+thread_local bool RequestCache::t_gone = false;
 
 // ------------------------------------------------------------ memory
 
@@ -518,6 +606,10 @@ class OfiCq final : public CompletionQueue {
   Fd epoll_;
   Mutex mu_;
   std::vector<OfiEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
+  // Progress's scratch, reused from poll to poll.
+  std::vector<Completion> out_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<uint8_t>> control_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> check_liveness_{false};
   std::atomic<int64_t> last_liveness_ns_{0};
 };
@@ -542,6 +634,8 @@ class OfiFabric final : public Fabric {
   DomainMutex& dom_mu() { return dom_mu_; }
   bool atomics_native() const { return atomics_native_; }
   bool rma_native() const { return rma_native_; }
+  // Sends up to this size go by fi_tinject and complete at once (0: none).
+  size_t inject_size() const { return inject_size_; }
   bool msg() const { return msg_; }
   fi_info* MsgHints() const;
   // Remote addresses are virtual addresses when the provider reports
@@ -681,6 +775,7 @@ class OfiFabric final : public Fabric {
   DomainMutex dom_mu_;
   bool atomics_native_ = false;
   bool rma_native_ = false;
+  size_t inject_size_ = 0;
   bool msg_ = false;  // FI_EP_MSG endpoints (else FI_EP_RDM)
   Capabilities caps_;
   std::atomic<uint64_t> next_key_{1};
@@ -771,7 +866,16 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   c.max_msg_size = std::min<size_t>(f->info_->ep_attr->max_msg_size, size_t{1} << 30);
   // Emulated transfers travel in one control message each.
   c.max_rma_size = f->rma_native_ ? c.max_msg_size : kControlBuf - kControlOverhead;
-  c.inline_size = f->info_->tx_attr->inject_size;
+  // fi_tinject only where an injected message is with the peer when the
+  // call returns: shm copies it into the peer's queue (or says EAGAIN).
+  // tcp (under rxm) may keep it in its own send queue, which fi_close
+  // drops: a send reported complete would be lost by a close right after.
+  f->inject_size_ = (!f->msg_ && prov_name == "shm") ? f->info_->tx_attr->inject_size : 0;
+  // No inline promise even so: shm refuses an injection (EAGAIN, and the
+  // send is posted instead) until the peer's progress has mapped the
+  // connection, so an early small send completes only once the peer polls
+  // (conformance InlineSendsCompleteWithoutThePeer).
+  c.inline_size = 0;
   c.registration_required = f->local_mr();
   c.peer_on_host = prov_name == "shm";
   {
@@ -944,9 +1048,14 @@ class OfiEndpoint final : public Endpoint {
   size_t ProgressLocked(std::vector<Completion>* out, std::vector<std::vector<uint8_t>>* control)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (fcq_ == nullptr) return 0;
-    std::vector<std::pair<Request*, absl::Status>> entries;
+    // drained_'s capacity is reused; it is taken out while completing, in
+    // case completing progresses again.
+    std::vector<std::pair<Request*, absl::Status>> entries = std::move(drained_);
+    entries.clear();
     size_t n = DrainCq(fcq_, /*ep_open=*/ep_ != nullptr, &entries);
     for (auto& [r, st] : entries) CompleteLocked(r, std::move(st), r->len, out, control);
+    entries.clear();
+    drained_ = std::move(entries);
     if (peer_closed_ && user_received_ >= fin_count_) cq_->Wake();  // CheckPeer finishes it
     RetryLocked(out);
     return n;
@@ -964,6 +1073,10 @@ class OfiEndpoint final : public Endpoint {
   const EndpointInfo& info() const override { return info_; }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
+    if (len <= fab_->inject_size() && fab_->inject_size() > 0) {
+      bool injected = false;
+      if (absl::Status st = TryInject(buf, len, context, &injected); !st.ok() || injected) return st;
+    }
     auto* r = NewRequest(OpType::kSend, context, len);
     auto d = Desc(mr, buf, len, r);
     if (!d.ok()) return d.status();
@@ -973,6 +1086,34 @@ class OfiEndpoint final : public Endpoint {
       return cep_ ? fi_send(ep_, buf, len, desc, 0, &req->fi_ctx)
                   : fi_tsend(ep_, buf, len, desc, peer_, kUserTag, &req->fi_ctx);
     });
+  }
+
+  // A send of at most inject_size bytes (RDM), injected: the provider
+  // copies it out at once, needs no descriptor and reports no completion,
+  // so its one Completion is pushed here (Capabilities::inline_size).
+  // *injected = false when it cannot go now (a backlog to stay behind, or
+  // EAGAIN): the caller posts it normally.
+  absl::Status TryInject(const void* buf, size_t len, uint64_t context, bool* injected) {
+    {
+      DomLock lock(&fab_->dom_mu());
+      if (closed_ || dead_) return DownStatusLocked();
+      if (!backlog_.empty()) return absl::OkStatus();
+      ssize_t rc = fi_tinject(ep_, buf, len, peer_, kUserTag);
+      if (rc == -FI_EAGAIN) return absl::OkStatus();
+      if (rc != 0) {
+        return FiError(static_cast<int>(rc), "fi_tinject",
+                       "the provider refused the operation; check sizes");
+      }
+      ++user_sent_ok_;
+    }
+    *injected = true;
+    Completion c;
+    c.context = context;
+    c.op = OpType::kSend;
+    c.endpoint = this;
+    c.length = len;
+    cq_->Push(std::move(c));
+    return absl::OkStatus();
   }
 
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
@@ -1057,12 +1198,15 @@ class OfiEndpoint final : public Endpoint {
         }
         if (rc != 0) {
           outstanding_.erase(r);
-          delete r;
+          RequestCache::Put(r);
         } else {
-          while (outstanding_.contains(r) && absl::GetCurrentTimeNanos() < deadline) {
+          // CompleteLocked clears fin_req_ (the request itself is recycled).
+          fin_req_ = r;
+          while (fin_req_ != nullptr && absl::GetCurrentTimeNanos() < deadline) {
             ProgressLocked(&out, nullptr);
-            if (outstanding_.contains(r)) sched_yield();
+            if (fin_req_ != nullptr) sched_yield();
           }
+          fin_req_ = nullptr;
         }
       }
     }
@@ -1086,6 +1230,7 @@ class OfiEndpoint final : public Endpoint {
   void CompleteLocked(Request* r, absl::Status st, size_t len, std::vector<Completion>* out,
                       std::vector<std::vector<uint8_t>>* control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     outstanding_.erase(r);
+    if (r == fin_req_) fin_req_ = nullptr;
     if (r->control) {
       if (r->op == OpType::kRecv && st.ok() && !dead_) {
         if (len == 9 && r->owned[0] == kFinMarker) {
@@ -1100,11 +1245,11 @@ class OfiEndpoint final : public Endpoint {
         int rc = PostControlRecv(r);
         if (rc != 0) {
           outstanding_.erase(r);
-          delete r;
+          RequestCache::Put(r);
         }
         return;
       }
-      delete r;
+      RequestCache::Put(r);
       return;
     }
     Completion c;
@@ -1116,12 +1261,12 @@ class OfiEndpoint final : public Endpoint {
       ++user_received_;  // a message was consumed, truncated or not
     }
     if (r->op == OpType::kSend && st.ok()) ++user_sent_ok_;
-    if (r->op == OpType::kRecv) last_delivery_ns_ = absl::GetCurrentTimeNanos();
+    if (r->op == OpType::kRecv) last_delivery_ns_ = CoarseNowNs();
     c.status = std::move(st);
     c.length = c.status.ok() ? (r->op == OpType::kRecv ? len : r->len) : 0;
     if (c.status.ok() && r->user_result != nullptr) *r->user_result = r->result;
     out->push_back(std::move(c));
-    delete r;
+    RequestCache::Put(r);
   }
 
   // Periodic liveness check; returns true once the peer is gone. RDM: the
@@ -1155,7 +1300,7 @@ class OfiEndpoint final : public Endpoint {
         // A peer that closed gracefully told us how much it sent: deliver
         // all of it first (receives posted later still match it).
         wait_for_data = fin_ && user_received_ < fin_count_ && !dead_ && !data_gone_;
-        const int64_t now = absl::GetCurrentTimeNanos();
+        const int64_t now = CoarseNowNs();
         if (wait_for_data && !peer_closed_) {
           peer_closed_ = true;
           last_delivery_ns_ = now;
@@ -1210,7 +1355,7 @@ class OfiEndpoint final : public Endpoint {
   }
 
   bool UserRecvPostedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    for (Request* r : outstanding_) {
+    for (Request* r = outstanding_.front(); r != nullptr; r = r->next) {
       if (!r->control && r->op == OpType::kRecv) return true;
     }
     return false;
@@ -1235,7 +1380,7 @@ class OfiEndpoint final : public Endpoint {
   using PostFn = std::function<int(Request*)>;
 
   Request* NewRequest(OpType op, uint64_t context, size_t len) {
-    auto* r = new Request();
+    auto* r = RequestCache::Get();
     r->op = op;
     r->context = context;
     r->ep = this;
@@ -1266,8 +1411,15 @@ class OfiEndpoint final : public Endpoint {
       }
       reg = direct.status();
     }
-    delete r;
+    RequestCache::Put(r);
     return reg.status();
+  }
+
+  // Why an operation cannot start on a closed or dead endpoint.
+  absl::Status DownStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return closed_ ? MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
+                               "operation on a closed ofi endpoint", "connect a new endpoint")
+                   : dead_status_;
   }
 
   // The libfabric call that posts `r`, for error messages.
@@ -1283,13 +1435,14 @@ class OfiEndpoint final : public Endpoint {
     return "posting an ofi operation";
   }
 
-  absl::Status Submit(Request* r, const PostFn& post) {
+  // `post` is any callable int(Request*); it becomes a PostFn (a heap
+  // allocation) only when the operation must wait in the backlog.
+  template <typename Post>
+  absl::Status Submit(Request* r, const Post& post) {
     DomLock lock(&fab_->dom_mu());
     if (closed_ || dead_) {
-      delete r;
-      return closed_ ? MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
-                                 "operation on a closed ofi endpoint", "connect a new endpoint")
-                     : dead_status_;
+      RequestCache::Put(r);
+      return DownStatusLocked();
     }
     outstanding_.insert(r);
     if (!backlog_.empty()) {
@@ -1304,7 +1457,7 @@ class OfiEndpoint final : public Endpoint {
     if (rc != 0) {
       const char* call = CallName(r);
       outstanding_.erase(r);
-      delete r;
+      RequestCache::Put(r);
       return FiError(rc, call, "the provider refused the operation; check sizes and registrations");
     }
     return absl::OkStatus();
@@ -1421,7 +1574,7 @@ class OfiEndpoint final : public Endpoint {
     int rc = PostControlRecv(r);
     if (rc != 0) {
       outstanding_.erase(r);
-      delete r;
+      RequestCache::Put(r);
       return FiError(rc, "posting an ofi control receive");
     }
     return absl::OkStatus();
@@ -1471,10 +1624,7 @@ class OfiEndpoint final : public Endpoint {
         fcq_fd_ = -1;
       }
       backlog_.clear();
-      for (Request* r : std::vector<Request*>(outstanding_.begin(), outstanding_.end())) {
-        CompleteLocked(r, why, 0, &out, nullptr);
-      }
-      outstanding_.clear();
+      while (Request* r = outstanding_.front()) CompleteLocked(r, why, 0, &out, nullptr);
       if (av_) {
         fi_close(&av_->fid);
         av_ = nullptr;
@@ -1515,29 +1665,34 @@ class OfiEndpoint final : public Endpoint {
   bool dead_ = false;
   bool connected_ = true;  // MSG: false until both halves are connected
   absl::Status dead_status_;
-  absl::flat_hash_set<Request*> outstanding_;
+  RequestList outstanding_;
+  Request* fin_req_ = nullptr;  // MSG: the FIN SendFin waits for
   std::deque<std::pair<Request*, PostFn>> backlog_;
+  std::vector<std::pair<Request*, absl::Status>> drained_;  // ProgressLocked's scratch
   absl::flat_hash_map<std::string, uint64_t> raw_keys_;
 };
 
 size_t OfiCq::Progress() {
-  bool check = check_liveness_.exchange(false, std::memory_order_relaxed);
-  int64_t now = absl::GetCurrentTimeNanos();
+  // A plain load first: a busy poll costs no read-modify-write here.
+  bool check = check_liveness_.load(std::memory_order_relaxed) &&
+               check_liveness_.exchange(false, std::memory_order_relaxed);
+  const int64_t now = CoarseNowNs();
   if (now - last_liveness_ns_.load(std::memory_order_relaxed) > kLivenessIntervalNs) {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
   }
   // Held throughout: an endpoint cannot leave (Detach) while progressed.
   MutexLock list_lock(&mu_);
-  std::vector<Completion> out;
-  std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
+  // The scratch vectors keep their capacity from poll to poll (mu_ held).
+  std::vector<Completion>& out = out_;
+  auto& deliveries = deliveries_;
   size_t n = 0;
   {
     DomLock lock(&fabric_->dom_mu());
     for (OfiEndpoint* ep : endpoints_) {
-      std::vector<std::vector<uint8_t>> control;
-      n += ep->ProgressLocked(&out, &control);
-      for (auto& m : control) deliveries.emplace_back(ep, std::move(m));
+      control_.clear();
+      n += ep->ProgressLocked(&out, &control_);
+      for (auto& m : control_) deliveries.emplace_back(ep, std::move(m));
     }
   }
   // Liveness after draining: a FIN already received decides how a closed
@@ -1545,10 +1700,13 @@ size_t OfiCq::Progress() {
   if (check) {
     for (OfiEndpoint* ep : endpoints_) ep->CheckPeer();
   }
-  if (n + out.size() > 0) poll_ns_.store(kMinPollNs, std::memory_order_relaxed);
-  for (auto& c : out) Push(std::move(c));
+  const size_t done = n + out.size();
+  if (done > 0) poll_ns_.store(kMinPollNs, std::memory_order_relaxed);
+  if (!out.empty()) PushAll(out);
+  out.clear();
   for (auto& [ep, msg] : deliveries) ep->DeliverControl(msg);
-  return n + out.size();
+  deliveries.clear();
+  return done;
 }
 
 bool OfiCq::ArmProvider() {
