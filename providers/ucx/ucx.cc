@@ -69,6 +69,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/accept.h"
+#include "core/clock.h"
 #include "core/fd.h"
 #include "core/log.h"
 #include "core/mutex.h"
@@ -938,6 +939,10 @@ class UcxCq final : public CompletionQueue {
   // Reports a completion; wakes a waiter unless this CQ is progressing on
   // this thread (its caller polls next anyway).
   void Deliver(Completion c);
+  // An endpoint of this CQ has control messages or an emulation failure for
+  // Service(): the next Progress looks (a busy poll with nothing noted
+  // takes neither mu_ nor the endpoints' worker mutexes).
+  void NoteService() { service_pending_.store(true, std::memory_order_release); }
   void WakeWaiter() {
     uint64_t one = 1;
     ssize_t rc = ::write(event_.get(), &one, sizeof(one));
@@ -1006,8 +1011,9 @@ class UcxCq final : public CompletionQueue {
   std::atomic<bool> pushed_{false};  // delivered from outside Progress since it ran
   std::atomic<bool> armed_{false};   // a waiter may sleep on wait_fd
   std::atomic<bool> check_socks_{true};  // look at the sockets in the next Progress
+  std::atomic<bool> service_pending_{true};  // NoteService
+  std::atomic<int64_t> last_sock_check_{0};
   Mutex mu_;
-  int64_t last_sock_check_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<UcxEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -1211,6 +1217,7 @@ size_t Worker::DrainControlLocked() {
       p.user_data = op;
       p.recv_info.tag_info = &op->info;
       core->control.push_back(in);
+      if (core->cq != nullptr) core->cq->NoteService();
       Track(op);
       ucs_status_t st = Submit(op, [&] {
         return ucp_tag_msg_recv_nbx(worker_, in->data.data(), in->data.size(), msg, &p);
@@ -1239,6 +1246,7 @@ void Worker::FailLocked(EpCore* c, const absl::Status& why) {
     c->dead = true;
     c->dead_status = why;
     c->fail_emulated = true;
+    if (c->cq != nullptr) c->cq->NoteService();
     // Deliver what the peer sent before it went away.
     for (int i = 0; i < 256 && ucp_worker_progress(worker_) > 0; ++i) {
     }
@@ -1304,6 +1312,7 @@ void SettleLocked(Op* op) {
     case Op::Kind::kControlRecv:
       op->control_in->done = true;
       op->control_in->ok = (st == UCS_OK);
+      if (c != nullptr && c->cq != nullptr) c->cq->NoteService();
       op->worker->Untrack(op);
       if (c != nullptr && c->cq != nullptr && !c->cq->IsProgressingHere()) c->cq->WakeWaiter();
       delete op;
@@ -1997,6 +2006,7 @@ void UcxCq::Attach(UcxEndpoint* ep, int sock) {
   MutexLock lock(&mu_);
   ::epoll_ctl(socks_.get(), EPOLL_CTL_ADD, sock, &ev);
   endpoints_.push_back(ep);
+  NoteService();
 }
 
 void UcxCq::Detach(UcxEndpoint* ep, int sock) {
@@ -2008,24 +2018,28 @@ void UcxCq::Detach(UcxEndpoint* ep, int sock) {
 size_t UcxCq::Progress() {
   const UcxCq* outer = t_progressing;
   t_progressing = this;
-  pushed_.store(false, std::memory_order_seq_cst);
+  // A plain load first: a busy poll costs no locked store here.
+  if (pushed_.load(std::memory_order_relaxed)) pushed_.store(false, std::memory_order_seq_cst);
   size_t n = 0;
   for (Worker* w : fabric_->LiveWorkers()) {
     MutexLock lock(&w->mu);
     n += w->ProgressLocked();
   }
-  {
+  // The connection sockets only signal a peer's end, and looking at them
+  // costs a system call: a busy poller (ping-pong) looks once per tick of
+  // the coarse clock (a few ms; reading it costs no system call), a waiter
+  // after every wakeup (ClearWakeup, ArmProvider). The endpoints are
+  // serviced then too, and whenever one noted work (NoteService).
+  const int64_t now = CoarseNowNs();
+  const bool socks = (check_socks_.load(std::memory_order_relaxed) &&
+                      check_socks_.exchange(false, std::memory_order_relaxed)) ||
+                     now - last_sock_check_.load(std::memory_order_relaxed) >= kSocketCheckNs;
+  const bool service = service_pending_.load(std::memory_order_acquire) &&
+                       service_pending_.exchange(false, std::memory_order_acq_rel);
+  if (socks || service) {
     MutexLock lock(&mu_);
-    // The connection sockets only signal a peer's end, and looking at them
-    // costs a system call: a busy poller (ping-pong) looks once per tick of
-    // the coarse clock (a few ms; reading it costs no system call), a
-    // waiter after every wakeup (ClearWakeup, ArmProvider).
-    timespec ts;
-    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    const int64_t now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-    if (check_socks_.exchange(false, std::memory_order_relaxed) ||
-        now - last_sock_check_ >= kSocketCheckNs) {
-      last_sock_check_ = now;
+    if (socks) {
+      last_sock_check_.store(now, std::memory_order_relaxed);
       epoll_event evs[64];
       int k = ::epoll_wait(socks_.get(), evs, 64, 0);
       for (int i = 0; i < k; ++i) {
