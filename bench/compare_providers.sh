@@ -26,10 +26,13 @@
 # (at least 200 and 50). zsock and ucx_perftest first run a tenth as many
 # untimed warm-up round trips; fi_pingpong has no warm-up option.
 #
-# Every measurement (zsock's, and each peer tool's per size) is repeated
-# --repeat times and each number printed is the best of its repeats (lowest
-# latency, highest bandwidth), for zsock and the peers alike: on a shared
-# 2-core VM a single run's average swings by 2-4x with what else runs.
+# Every measurement runs --repeat rounds, interleaved (each round: zsock
+# once over all sizes, then the peer tool at each size), and each number
+# printed is the median of its rounds, for zsock and the peers alike. On a
+# shared 2-core VM a single run swings by 2-4x with what else runs and with
+# where the hypervisor places the two vCPUs (one placement gives ucx_perftest
+# 0.11 us one-way, another 0.6): interleaving gives both sides the same
+# spells, and the median drops the lucky and the unlucky run alike.
 #
 # Bandwidth, in 10^6 bytes per second, is measured the way each peer tool
 # measures it: against fi_pingpong, ping-pong bandwidth (size / one-way
@@ -151,55 +154,46 @@ ucx_pt() {
   awk '$1 == "Final:" {print $3, $4, $9}' "$tmp/client.out" | tail -1
 }
 
-# The best of the numbers on stdin: "l" the lowest, "h" the highest ("-" if none).
-best() {
-  if [ "$1" = h ]; then sort -gr; else sort -g; fi | awk 'NR == 1 { v = $1 } END { print (NR ? v : "-") }'
+# The median of the numbers on stdin ("-" if none; the lower middle one
+# of an even count).
+median() {
+  sort -g | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : "-") }'
 }
 
-# zsock CONFIG -> lines "size p50 p99 avg pp_MBps stream_MBps" in $tmp/zs.tsv,
-# each column the best of --repeat runs.
-zs_bench() {
-  local r
-  : >"$tmp/zs.all"
-  for r in $(seq "$repeat"); do
-    "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
-      --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
-      --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
-      >>"$tmp/zs.all" 2>"$tmp/zs.err" || return 1
-  done
-  : >"$tmp/zs.tsv"
-  local size col line
-  for size in "${size_list[@]}"; do
-    line=$size
-    for col in 2:l 3:l 4:l 5:h 6:h; do
-      line+=" $(awk -v s="$size" -v c="${col%:*}" '$1 == s { print $c }' "$tmp/zs.all" | best "${col#*:}")"
-    done
-    echo "$line" >>"$tmp/zs.tsv"
-  done
+# Column C's median over the lines of FILE whose first field is KEY.
+col_median() {  # FILE KEY C
+  awk -v k="$2" -v c="$3" '$1 == k { print $c }' "$1" | median
 }
 
-# repeated KINDS CMD...: runs CMD (a peer measurement printing numbers on one
-# line) --repeat times and prints each column's best (KINDS: one l or h per
-# column), or the first "n/a (...)".
-repeated() {
-  local kinds=$1; shift
-  local r out all=()
-  for r in $(seq "$repeat"); do
-    out=$("$@")
-    if [[ "$out" == n/a* ]]; then echo "$out"; return; fi
-    all+=("$out")
-  done
-  local ncol col line=""
-  ncol=$(awk '{ print NF; exit }' <<<"${all[0]}")
-  for col in $(seq "$ncol"); do
-    line+="$(printf '%s\n' "${all[@]}" | awk -v c="$col" '{ print $c }' | best "${kinds:col-1:1}") "
-  done
-  echo "$line"
+# zsock CONFIG: one run over every size, appending "size p50 p99 avg
+# pp_MBps stream_MBps" lines to $tmp/zs.all.
+zs_run() {
+  "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
+    --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
+    --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
+    >>"$tmp/zs.all" 2>"$tmp/zs.err"
 }
 
+# peer_run SIZE: one run of the peer tool at SIZE, appending "SIZE numbers..."
+# to $tmp/peer.all (fi_pingpong: avg MBps; ucx_perftest: p50 avg rate_lat
+# bw_rate), or the reason to $tmp/peer.na.
+peer_run() {
+  local size=$1 out bw
+  if [ "$peer" = fi_pingpong ]; then
+    out=$(fi_pp "$prov" "$size" "${extra[@]}")
+  else
+    out=$(ucx_pt "$tls" tag_lat "$size" "$(iters_for "$size")")
+    if [[ "$out" != n/a* ]]; then
+      bw=$(ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
+      if [[ "$bw" == n/a* ]]; then out=$bw; else out+=" $(awk '{ print $3 }' <<<"$bw")"; fi
+    fi
+  fi
+  if [[ "$out" == n/a* ]]; then echo "$out" >"$tmp/peer.na"; return; fi
+  echo "$size $out" >>"$tmp/peer.all"
+}
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; best of $repeat runs"
+echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; median of $repeat interleaved rounds"
 echo
 rows=()
 row() { rows+=("$(printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
@@ -216,30 +210,41 @@ for cfg in "${cfgs[@]}"; do
     ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
   esac
-  echo "running zsock $zs ..." >&2
+  # Interleaved: each round runs zsock once and then the peer at every
+  # size, so that both see the same spells of the VM's scheduling.
+  : >"$tmp/zs.all"; : >"$tmp/peer.all"; rm -f "$tmp/peer.na"
   zs_ok=1
-  if ! zs_bench "$zs"; then
-    zs_ok=0
-    zs_reason=$(grep -v '^$' "$tmp/zs.err" | grep 'provider_bench:' | head -1 | sed 's/^provider_bench: //' | cut -c1-100)
-    [ -n "$zs_reason" ] || zs_reason=$(grep -v '^$' "$tmp/zs.err" | tail -1 | cut -c1-100)
-  fi
+  for r in $(seq "$repeat"); do
+    echo "round $r/$repeat: zsock $zs, $peer ($cfg) ..." >&2
+    if [ "$zs_ok" = 1 ] && ! zs_run "$zs"; then
+      zs_ok=0
+      zs_reason=$(grep -v '^$' "$tmp/zs.err" | grep 'provider_bench:' | head -1 | sed 's/^provider_bench: //' | cut -c1-100)
+      [ -n "$zs_reason" ] || zs_reason=$(grep -v '^$' "$tmp/zs.err" | tail -1 | cut -c1-100)
+    fi
+    for size in "${size_list[@]}"; do
+      [ -e "$tmp/peer.na" ] || peer_run "$size"
+    done
+  done
   for size in "${size_list[@]}"; do
-    echo "running $peer ($cfg) size $size ..." >&2
-    zs_line=""
-    [ "$zs_ok" = 1 ] && zs_line=$(awk -v s="$size" '$1 == s' "$tmp/zs.tsv")
-    read -r _ zp50 _ zavg zpp zstream <<<"${zs_line:-x - - - - -}"
+    zp50=-; zavg=-; zpp=-; zstream=-
+    if [ "$zs_ok" = 1 ]; then
+      zp50=$(col_median "$tmp/zs.all" "$size" 2)
+      zavg=$(col_median "$tmp/zs.all" "$size" 4)
+      zpp=$(col_median "$tmp/zs.all" "$size" 5)
+      zstream=$(col_median "$tmp/zs.all" "$size" 6)
+    fi
+    note=""
+    [ -e "$tmp/peer.na" ] && note=$(cat "$tmp/peer.na")
     if [ "$peer" = fi_pingpong ]; then
-      out=$(repeated lh fi_pp "$prov" "$size" "${extra[@]}")
-      if [[ "$out" == n/a* ]]; then pavg="-"; ppbw="-"; note=$out; else read -r pavg ppbw <<<"$out"; note=""; fi
+      pavg=$(col_median "$tmp/peer.all" "$size" 2)
+      ppbw=$(col_median "$tmp/peer.all" "$size" 3)
       pp50="-"
       zbw=$zpp
     else
-      n=$(iters_for "$size")
-      out=$(repeated llh ucx_pt "$tls" tag_lat "$size" "$n")
-      if [[ "$out" == n/a* ]]; then pp50="-"; pavg="-"; note=$out; else read -r pp50 pavg _ <<<"$out"; note=""; fi
-      out=$(repeated llh ucx_pt "$tls" tag_bw "$size" "$(stream_for "$size")")
-      if [[ "$out" == n/a* ]]; then ppbw="-"; note="${note:-$out}"; else
-        read -r _ _ rate <<<"$out"; ppbw=$(awk -v r="$rate" -v s="$size" 'BEGIN { printf "%.1f", r * s / 1e6 }'); fi
+      pp50=$(col_median "$tmp/peer.all" "$size" 2)
+      pavg=$(col_median "$tmp/peer.all" "$size" 3)
+      rate=$(col_median "$tmp/peer.all" "$size" 5)
+      ppbw=$(awk -v r="$rate" -v s="$size" 'BEGIN { if (r == "-") print "-"; else printf "%.1f", r * s / 1e6 }')
       zbw=$zstream
     fi
     row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" \
