@@ -59,7 +59,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -575,14 +575,11 @@ class OfiCq final : public CompletionQueue {
   }
   void Unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
 
-  void Attach(OfiEndpoint* ep) {
-    MutexLock lock(&mu_);
-    endpoints_.push_back(ep);
-  }
-  void Detach(OfiEndpoint* ep) {
-    MutexLock lock(&mu_);
-    std::erase(endpoints_, ep);
-  }
+  // The endpoint list changes under mu_ and the domain lock both, so
+  // either one keeps it (and its endpoints) in place: Progress's busy path
+  // takes only the domain lock.
+  void Attach(OfiEndpoint* ep);
+  void Detach(OfiEndpoint* ep);
 
  protected:
   size_t Progress() override;
@@ -605,11 +602,9 @@ class OfiCq final : public CompletionQueue {
   std::atomic<int64_t> poll_ns_{kMinPollNs};
   Fd epoll_;
   Mutex mu_;
-  std::vector<OfiEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
-  // Progress's scratch, reused from poll to poll.
-  std::vector<Completion> out_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::vector<uint8_t>> control_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries_ ABSL_GUARDED_BY(mu_);
+  std::vector<OfiEndpoint*> endpoints_;  // see Attach
+  // Progress's scratch, reused from poll to poll (under the domain lock).
+  std::vector<std::vector<uint8_t>> control_;
   std::atomic<bool> check_liveness_{false};
   std::atomic<int64_t> last_liveness_ns_{0};
 };
@@ -957,7 +952,8 @@ absl::Status CqError(fid_cq* cq, fi_cq_err_entry* err) {
                        : "the peer may have gone away; reconnect");
 }
 
-// Reads every completion now in `cq` (domain lock held by the caller);
+// Reads the completions now in `cq` (domain lock held by the caller) until a
+// read finds fewer than it asked for; returns how many (0: it was empty).
 // `ep_open` says whether the endpoint bound to it is still open.
 size_t DrainCq(fid_cq* cq_, bool ep_open, std::vector<std::pair<Request*, absl::Status>>* out) {
   size_t n = 0;
@@ -972,6 +968,10 @@ size_t DrainCq(fid_cq* cq_, bool ep_open, std::vector<std::pair<Request*, absl::
         out->push_back({r, absl::OkStatus()});
       }
       n += static_cast<size_t>(got);
+      // Fewer than asked for: the CQ is empty (an error entry makes the
+      // next call say so, and the next poll reads it). Reading again to
+      // hear EAGAIN would put a second fi_cq_read on every message's path.
+      if (got < 16) return n;
       continue;
     }
     if (got == -FI_EAVAIL) {
@@ -994,6 +994,10 @@ size_t DrainCq(fid_cq* cq_, bool ep_open, std::vector<std::pair<Request*, absl::
 }
 
 // ------------------------------------------------------------ endpoint
+
+// Completions gathered under the domain lock; a poll rarely finds more
+// than a few, which then need no allocation.
+using CompletionList = absl::InlinedVector<Completion, 8>;
 
 class OfiEndpoint final : public Endpoint {
  public:
@@ -1045,7 +1049,7 @@ class OfiEndpoint final : public Endpoint {
   fid_eq* eq_fid() const { return eq_; }
 
   // Reads this endpoint's completions and retries what met EAGAIN.
-  size_t ProgressLocked(std::vector<Completion>* out, std::vector<std::vector<uint8_t>>* control)
+  size_t ProgressLocked(CompletionList* out, std::vector<std::vector<uint8_t>>* control)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (fcq_ == nullptr) return 0;
     // drained_'s capacity is reused; it is taken out while completing, in
@@ -1176,7 +1180,7 @@ class OfiEndpoint final : public Endpoint {
   // socket's end (no wait for the peer). MSG: a control message, waited for
   // (locally, at most one second) until it is in the provider's socket.
   void SendFin() {
-    std::vector<Completion> out;
+    CompletionList out;
     {
       DomLock lock(&fab_->dom_mu());
       if (dead_ || ep_ == nullptr || !connected_) return;
@@ -1227,7 +1231,7 @@ class OfiEndpoint final : public Endpoint {
   }
 
   // Called by OfiCq::Progress with the domain lock held.
-  void CompleteLocked(Request* r, absl::Status st, size_t len, std::vector<Completion>* out,
+  void CompleteLocked(Request* r, absl::Status st, size_t len, CompletionList* out,
                       std::vector<std::vector<uint8_t>>* control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     outstanding_.erase(r);
     if (r == fin_req_) fin_req_ = nullptr;
@@ -1290,7 +1294,7 @@ class OfiEndpoint final : public Endpoint {
       gone = ReadEq();
     }
     if (gone) {
-      std::vector<Completion> out;
+      CompletionList out;
       bool wait_for_data = false;
       {
         DomLock lock(&fab_->dom_mu());
@@ -1362,7 +1366,7 @@ class OfiEndpoint final : public Endpoint {
   }
 
   // Retries operations that met EAGAIN.
-  void RetryLocked(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+  void RetryLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     while (!backlog_.empty() && !dead_) {
       auto& [r, post] = backlog_.front();
       int rc = post(r);
@@ -1584,7 +1588,7 @@ class OfiEndpoint final : public Endpoint {
   // user buffer afterwards), the CQ is drained of its completions, and every
   // operation still outstanding completes with `why`.
   void Shutdown(const absl::Status& why, bool closed) {
-    std::vector<Completion> out;
+    CompletionList out;
     bool fail_emulated = false;
     {
       DomLock lock(&fab_->dom_mu());
@@ -1613,7 +1617,7 @@ class OfiEndpoint final : public Endpoint {
       // nothing refers to a request once it is freed below; then the CQ goes.
       if (fcq_) {
         std::vector<std::pair<Request*, absl::Status>> drained;
-        DrainCq(fcq_, /*ep_open=*/false, &drained);
+        while (DrainCq(fcq_, /*ep_open=*/false, &drained) > 0) {}
         for (auto& [r, st] : drained) {
           // Finished before the close: report what really happened.
           if (outstanding_.contains(r)) CompleteLocked(r, std::move(st), r->len, &out, nullptr);
@@ -1672,6 +1676,18 @@ class OfiEndpoint final : public Endpoint {
   absl::flat_hash_map<std::string, uint64_t> raw_keys_;
 };
 
+void OfiCq::Attach(OfiEndpoint* ep) {
+  MutexLock lock(&mu_);
+  DomLock dom(&fabric_->dom_mu());
+  endpoints_.push_back(ep);
+}
+
+void OfiCq::Detach(OfiEndpoint* ep) {
+  MutexLock lock(&mu_);
+  DomLock dom(&fabric_->dom_mu());
+  std::erase(endpoints_, ep);
+}
+
 size_t OfiCq::Progress() {
   // A plain load first: a busy poll costs no read-modify-write here.
   bool check = check_liveness_.load(std::memory_order_relaxed) &&
@@ -1681,11 +1697,11 @@ size_t OfiCq::Progress() {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
   }
-  // Held throughout: an endpoint cannot leave (Detach) while progressed.
-  MutexLock list_lock(&mu_);
-  // The scratch vectors keep their capacity from poll to poll (mu_ held).
-  std::vector<Completion>& out = out_;
-  auto& deliveries = deliveries_;
+  // Completions and control messages are taken out under the domain lock
+  // alone (it keeps the endpoint list in place); they are handed on after
+  // it is released, since their consumers post again.
+  CompletionList out;
+  std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
   size_t n = 0;
   {
     DomLock lock(&fabric_->dom_mu());
@@ -1695,17 +1711,24 @@ size_t OfiCq::Progress() {
       for (auto& m : control_) deliveries.emplace_back(ep, std::move(m));
     }
   }
-  // Liveness after draining: a FIN already received decides how a closed
-  // socket is treated.
-  if (check) {
-    for (OfiEndpoint* ep : endpoints_) ep->CheckPeer();
-  }
   const size_t done = n + out.size();
   if (done > 0) poll_ns_.store(kMinPollNs, std::memory_order_relaxed);
-  if (!out.empty()) PushAll(out);
-  out.clear();
-  for (auto& [ep, msg] : deliveries) ep->DeliverControl(msg);
-  deliveries.clear();
+  if (!out.empty()) PushAll(std::span<Completion>(out.data(), out.size()));
+  if (check || !deliveries.empty()) {
+    // mu_ keeps the endpoints in place now; one that left meanwhile (its
+    // owner closed it) gets nothing.
+    MutexLock list_lock(&mu_);
+    for (auto& [ep, msg] : deliveries) {
+      if (std::find(endpoints_.begin(), endpoints_.end(), ep) != endpoints_.end()) {
+        ep->DeliverControl(msg);
+      }
+    }
+    // Liveness after draining: a FIN already received decides how a
+    // closed socket is treated.
+    if (check) {
+      for (OfiEndpoint* ep : endpoints_) ep->CheckPeer();
+    }
+  }
   return done;
 }
 
