@@ -742,6 +742,9 @@ uint64_t MakeTag(uint32_t id, uint32_t secret, bool control) {
   return (uint64_t{id} << 32) | (uint64_t{secret & 0x7fffffffu} << 1) | (control ? 1u : 0u);
 }
 constexpr uint64_t kFullMask = ~uint64_t{0};
+// A busy poll that handled no arrival still probes the control tags this
+// often.
+constexpr int64_t kProbeIntervalNs = 1000 * 1000;
 
 // Runs the ucp_*_nbx call that starts `op`. UCX may complete the operation
 // at once (NULL), fail it at once (an error pointer: returned here, `op` is
@@ -810,6 +813,8 @@ class Worker {
     MutexLock lock(&mu);
     for (Op* op : busy_) delete op;
     busy_.clear();
+    for (Op* op : free_ops_) delete op;
+    free_ops_.clear();
     ForkGuard::Get().Remove();
   }
 
@@ -880,6 +885,8 @@ class Worker {
   // the last progress found nothing, the caller sleeps with a timer
   // instead of spinning.
   Arm ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    // An unprobed control message does not keep UCX busy: look before sleeping.
+    if (DrainControlLocked() > 0) return Arm::kPending;
     if (control_backlog_ || !failed_.empty()) return Arm::kPending;
     ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_OK) return Arm::kArmed;
@@ -895,6 +902,25 @@ class Worker {
   void MarkUcxFailedLocked(EpCore* c, ucs_status_t st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Discards user messages still queued for a departed endpoint.
   void DiscardMessagesLocked(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // User sends and receives come from a free list: a ping-pong makes two
+  // per round trip, and malloc plus free (core's release hooks included)
+  // cost more than the rest of their bookkeeping.
+  Op* NewOpLocked(Op::Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (free_ops_.empty()) return new Op{kind};
+    Op* op = free_ops_.back();
+    free_ops_.pop_back();
+    op->kind = kind;
+    return op;
+  }
+  void FreeOpLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (free_ops_.size() >= kMaxFreeOps) {
+      delete op;
+      return;
+    }
+    *op = Op{op->kind};  // drops the endpoint reference, status and buffers
+    free_ops_.push_back(op);
+  }
 
   void Track(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.insert(op); }
   void Untrack(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.erase(op); }
@@ -913,12 +939,16 @@ class Worker {
   int efd_;
   std::string name_;
   bool control_backlog_ ABSL_GUARDED_BY(mu) = false;
+  int64_t last_probe_ns_ ABSL_GUARDED_BY(mu) = 0;  // DrainControlLocked's last run
+  bool probe_due_ ABSL_GUARDED_BY(mu) = true;       // progress found something since
   size_t last_progress_ ABSL_GUARDED_BY(mu) = 1;  // events the last progress handled
   std::vector<std::pair<std::shared_ptr<EpCore>, ucs_status_t>> failed_ ABSL_GUARDED_BY(mu);
   // Operations whose UCX request is outstanding but that no endpoint queue
   // holds: control receives, discards, and operations already reported
   // failed (a dead or closed endpoint) that UCX has not finished.
   std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);
+  static constexpr size_t kMaxFreeOps = 64;
+  std::vector<Op*> free_ops_ ABSL_GUARDED_BY(mu);
 };
 
 // The completion queue: an epoll set (its wait_fd) holding the workers'
@@ -1105,7 +1135,7 @@ void FlushLocked(EpCore* c, std::deque<Op*>* q) {
     if (op->ucx_busy) {
       c->worker->Track(op);  // reported; UCX still owns the request
     } else {
-      delete op;
+      c->worker->FreeOpLocked(op);
     }
   }
 }
@@ -1164,13 +1194,23 @@ void CloseUcpEpLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu)
 }
 
 size_t Worker::ProgressLocked() {
-  size_t n = 0;
-  for (int i = 0; i < 64; ++i) {
-    unsigned k = ucp_worker_progress(worker_);
-    if (k == 0) break;
-    n += k;
+  // One ucp_worker_progress call (it handles a batch): when it found
+  // something, the caller gets it now, and the rest (more progress, the
+  // control probe) waits for the next call: a ping-pong's reply is then
+  // sent without either on its path.
+  size_t n = ucp_worker_progress(worker_);
+  // Control messages become probe-able when progress handles an arrival:
+  // probed on the first call after one that found something, not on every
+  // idle busy poll (a tenth of its cost), but at least once per coarse tick
+  // (UCX may also progress inside other calls, and a stream keeps finding
+  // something), and always before arming (ArmLocked).
+  const int64_t now = CoarseNowNs();
+  if (n > 0) {
+    probe_due_ = true;
+    if (now - last_probe_ns_ >= kProbeIntervalNs) n += DrainControlLocked();
+  } else if (probe_due_ || control_backlog_ || now - last_probe_ns_ >= kProbeIntervalNs) {
+    n += DrainControlLocked();
   }
-  n += DrainControlLocked();
   while (!failed_.empty()) {
     auto [core, st] = failed_.back();
     failed_.pop_back();
@@ -1192,6 +1232,8 @@ size_t Worker::ProgressLocked() {
 size_t Worker::DrainControlLocked() {
   size_t n = 0;
   control_backlog_ = false;
+  probe_due_ = false;
+  last_probe_ns_ = CoarseNowNs();
   for (auto& [id, core] : eps) {
     if (core->closed) continue;
     for (int i = 0;; ++i) {
@@ -1413,11 +1455,15 @@ class UcxFabric final : public Fabric {
   // Called on every Poll: no allocation.
   absl::InlinedVector<Worker*, 2> LiveWorkers() const {
     absl::InlinedVector<Worker*, 2> out;
-    if (Worker* w = primary_.load(std::memory_order_acquire)) out.push_back(w);
-    if (Worker* w = fallback_.load(std::memory_order_acquire)) {
-      if (w != primary_.load(std::memory_order_acquire)) out.push_back(w);
-    }
+    ForEachLiveWorker([&out](Worker* w) { out.push_back(w); });
     return out;
+  }
+  // The same without building a vector (the busy poll's path).
+  template <typename F>
+  void ForEachLiveWorker(F f) const {
+    Worker* primary = primary_.load(std::memory_order_acquire);
+    if (primary != nullptr) f(primary);
+    if (Worker* w = fallback_.load(std::memory_order_acquire); w != nullptr && w != primary) f(w);
   }
   void AddCq(UcxCq* cq) {
     MutexLock lock(&cq_mu_);
@@ -1670,7 +1716,7 @@ class UcxEndpoint final : public Endpoint {
     MutexLock lock(&c->worker->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
-    auto* op = new Op{Op::Kind::kUserSend};
+    auto* op = c->worker->NewOpLocked(Op::Kind::kUserSend);
     op->core = core_;
     op->op = OpType::kSend;
     op->context = context;
@@ -1703,7 +1749,7 @@ class UcxEndpoint final : public Endpoint {
         return c->dead_status;
       }
     }
-    auto* op = new Op{Op::Kind::kUserRecv};
+    auto* op = w->NewOpLocked(Op::Kind::kUserRecv);
     op->core = core_;
     op->op = OpType::kRecv;
     op->context = context;
@@ -2021,10 +2067,10 @@ size_t UcxCq::Progress() {
   // A plain load first: a busy poll costs no locked store here.
   if (pushed_.load(std::memory_order_relaxed)) pushed_.store(false, std::memory_order_seq_cst);
   size_t n = 0;
-  for (Worker* w : fabric_->LiveWorkers()) {
+  fabric_->ForEachLiveWorker([&n](Worker* w) {
     MutexLock lock(&w->mu);
     n += w->ProgressLocked();
-  }
+  });
   // The connection sockets only signal a peer's end, and looking at them
   // costs a system call: a busy poller (ping-pong) looks once per tick of
   // the coarse clock (a few ms; reading it costs no system call), a waiter
