@@ -161,10 +161,11 @@ Result Summarize(std::vector<double>& rtt_us, size_t size, double gbps) {
 
 // ---- provider ----
 //
-// Ping-pong, as fi_pingpong does it: each side keeps one receive posted for
-// the next message (re-posted as soon as one arrives), replies from a
-// separate send buffer, and collects send completions as they come instead
-// of waiting for each one. One-way latency = the time of one round trip
+// Ping-pong, as ucx_perftest's tag_lat does it: the server replies as soon
+// as a message arrives and then posts its receive for the next one; the
+// client sends, then posts the receive for the reply. Replies come from a
+// separate send buffer, and send completions are collected as they come
+// instead of waited for. One-way latency = the time of one round trip
 // (everything in the loop) / 2.
 
 // The server opens its own fabric after the fork (the fork rule in
@@ -202,9 +203,11 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
         if (c.op == OpType::kRecv) break;
         ++sent;
       }
-      if (i + 1 < rounds && !e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
+      // The reply first, then the next receive (as ucx_perftest does):
+      // re-posting is not on the round trip's path.
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
       ++sends;
+      if (i + 1 < rounds && !e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
     }
     while (sent < sends) {
       if (comps.Next().op == OpType::kSend) ++sent;
@@ -250,17 +253,17 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     std::vector<double> rtt;
     rtt.reserve(rounds);
     int64_t sends = 0, sent = 0;
-    if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
     int64_t prev = absl::GetCurrentTimeNanos();
     for (int i = 0; i < rounds; ++i) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
       ++sends;
+      // Posted after the send (as ucx_perftest does): the reply takes longer.
+      if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
       for (;;) {
         Completion c = comps.Next();
         if (c.op == OpType::kRecv) break;
         ++sent;
       }
-      if (i + 1 < rounds && !e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
       int64_t now = absl::GetCurrentTimeNanos();
       if (i >= warmup) rtt.push_back((now - prev) / 1000.0);
       prev = now;
