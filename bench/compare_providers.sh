@@ -5,12 +5,13 @@
 #
 #   zsock ofi:tcp;ofi_rxm?iface=lo  vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -d lo
 #   zsock ofi:shm                   vs  fi_pingpong -p shm -e rdm
+#   zsock ofi:tcp?iface=lo (MSG)    vs  fi_pingpong -p tcp -e msg -d lo
 #   zsock ucx:tcp                   vs  UCX_TLS=tcp ucx_perftest -t tag_lat / tag_bw
 #   zsock ucx:posix,cma             vs  UCX_TLS=posix,cma ucx_perftest -t tag_lat / tag_bw
 #
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
-#                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix]
+#                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ofi:msg,ucx:tcp,ucx:posix]
 #                                   [--repeat=5]
 #
 # Every pair of processes (zsock's, fi_pingpong's, ucx_perftest's) runs on
@@ -45,7 +46,7 @@ cd "$(dirname "$0")/.."
 sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
-configs=ofi:tcp,ofi:shm,ucx:tcp,ucx:posix
+configs=ofi:tcp,ofi:shm,ofi:msg,ucx:tcp,ucx:posix
 repeat=5
 for arg in "$@"; do
   case "$arg" in
@@ -129,8 +130,8 @@ fi_pp() {
   local port n
   port=$(free_port)
   n=$(iters_for "$size")
-  if ! run_pair "$port" -- fi_pingpong -p "$prov" -e rdm "$@" -I "$n" -S "$size" -B "$port" \
-       -- fi_pingpong -p "$prov" -e rdm "$@" -I "$n" -S "$size" -P "$port" 127.0.0.1; then
+  if ! run_pair "$port" -- fi_pingpong -p "$prov" "$@" -I "$n" -S "$size" -B "$port" \
+       -- fi_pingpong -p "$prov" "$@" -I "$n" -S "$size" -P "$port" 127.0.0.1; then
     echo "n/a (fi_pingpong failed: $(grep -v '^$' "$tmp/client.out" | tail -1 | cut -c1-80))"
     return
   fi
@@ -204,8 +205,9 @@ IFS=, read -ra cfgs <<<"$configs"
 IFS=, read -ra size_list <<<"$sizes"
 for cfg in "${cfgs[@]}"; do
   case "$cfg" in
-    ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-d lo) ;;
-    ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=() ;;
+    ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
+    ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=(-e rdm) ;;
+    ofi:msg) zs="ofi:tcp?iface=lo"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
     ucx:tcp) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp ;;
     ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
