@@ -1252,6 +1252,66 @@ TEST_P(SdpAzTest, ReceiveIntoABufferStillBeingSent) {
   Finish(c.get(), child);
 }
 
+// An echo server receives into the buffer it has just sent from. Its peer
+// pulls that data before it answers, so the pull's completion arrives ahead
+// of the answer and frees the buffer: the receive must wait for that, not
+// settle the send at once (a fault that copied 1 MiB aside every round).
+TEST_P(SdpAzTest, EchoIntoTheSentBufferWaitsForThePullInsteadOfFaulting) {
+  constexpr size_t kLen = 1 << 20;
+  constexpr int kRounds = 4;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    PageBuf out(kLen), in(kLen);
+    std::vector<uint8_t> scratch;
+    for (int i = 0; i < kRounds; ++i) {
+      FillStream(out.data(), uint64_t{kLen} * i, kLen, 60);
+      auto w = s.conn->Send(out.data(), kLen, 0, Deadline());
+      CHILD_OK(w.status());
+      auto r = s.conn->Recv(in.data(), kLen, MSG_WAITALL, Deadline());
+      CHILD_OK(r.status());
+      CHILD_CHECK(*r == kLen);
+      CHILD_CHECK(CheckStream(in.data(), uint64_t{kLen} * i, kLen, 60, &scratch) < 0);
+    }
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  std::vector<uint8_t> scratch;
+  for (int i = 0; i < kRounds; ++i) {
+    auto r = c->Recv(buf.data(), kLen, MSG_WAITALL, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(*r, kLen);
+    ASSERT_LT(CheckStream(buf.data(), uint64_t{kLen} * i, kLen, 60, &scratch), 0) << "round " << i;
+    auto w = c->Send(buf.data(), kLen, 0, Deadline());
+    ASSERT_TRUE(w.ok()) << w.status();
+  }
+  Finish(c.get(), child);
+  auto st = c->stats();
+  EXPECT_EQ(st.az_srcavail_sent, static_cast<uint64_t>(kRounds));
+  EXPECT_EQ(st.az_faults, 0u) << "copies " << st.az_copies << ", blocks " << st.az_blocks;
+}
+
+// A non-blocking receive into a buffer still being sent, with nothing to
+// receive, says EAGAIN and leaves the send alone (no copy, no wait).
+TEST_P(SdpAzTest, NonBlockingReceiveIntoTheSentBufferWithNothingThereSaysEagain) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = SpawnReceiver(kLen, 61);
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 61);
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  auto r = c->Recv(buf.data(), kLen, MSG_DONTWAIT, Deadline());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_EQ(c->stats().az_faults, 0u);
+  Go();
+  Finish(c.get(), child);
+}
+
 // The application's own SIGSEGV handlers keep their faults: one with
 // SA_SIGINFO installed before zsock's, a plain one installed after it (the
 // next send puts zsock's back in front, chaining to it).
