@@ -605,6 +605,8 @@ class OfiCq final : public CompletionQueue {
   std::vector<OfiEndpoint*> endpoints_;  // see Attach
   // Progress's scratch, reused from poll to poll (under the domain lock).
   std::vector<std::vector<uint8_t>> control_;
+  // Control messages drained and not yet handed on (see Progress).
+  std::deque<std::pair<OfiEndpoint*, std::vector<uint8_t>>> pending_control_;
   std::atomic<bool> check_liveness_{false};
   std::atomic<int64_t> last_liveness_ns_{0};
 };
@@ -1042,7 +1044,8 @@ class OfiEndpoint final : public Endpoint {
     cq_->Detach(this);
   }
 
-  // This endpoint's fi CQ, while open (domain lock or CQ list lock held).
+  // This endpoint's fi CQ, while open (domain lock held: Shutdown closes it
+  // under that lock alone).
   fid_cq* cq_fid() const { return fcq_; }
   // MSG: its event queue, while open; fi_trywait covers it too (libfabric
   // tcp signals the EQ's fd for its own progress: trywait resets it).
@@ -1686,6 +1689,9 @@ void OfiCq::Detach(OfiEndpoint* ep) {
   MutexLock lock(&mu_);
   DomLock dom(&fabric_->dom_mu());
   std::erase(endpoints_, ep);
+  // Its control messages not yet handed on go with it: a later endpoint at
+  // the same address must not get them.
+  std::erase_if(pending_control_, [ep](const auto& d) { return d.first == ep; });
 }
 
 size_t OfiCq::Progress() {
@@ -1699,30 +1705,34 @@ size_t OfiCq::Progress() {
   }
   // Completions and control messages are taken out under the domain lock
   // alone (it keeps the endpoint list in place); they are handed on after
-  // it is released, since their consumers post again.
+  // it is released, since their consumers post again. Control messages
+  // wait in one queue, in the order they were drained, for whichever poll
+  // takes mu_ first: concurrent polls hand them on in order.
   CompletionList out;
-  std::vector<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
   size_t n = 0;
+  bool control = false;
   {
     DomLock lock(&fabric_->dom_mu());
     for (OfiEndpoint* ep : endpoints_) {
       control_.clear();
       n += ep->ProgressLocked(&out, &control_);
-      for (auto& m : control_) deliveries.emplace_back(ep, std::move(m));
+      for (auto& m : control_) pending_control_.emplace_back(ep, std::move(m));
     }
+    control = !pending_control_.empty();
   }
   const size_t done = n + out.size();
   if (done > 0) poll_ns_.store(kMinPollNs, std::memory_order_relaxed);
   if (!out.empty()) PushAll(std::span<Completion>(out.data(), out.size()));
-  if (check || !deliveries.empty()) {
-    // mu_ keeps the endpoints in place now; one that left meanwhile (its
-    // owner closed it) gets nothing.
+  if (check || control) {
+    // mu_ keeps the endpoints in place while their messages are handed on
+    // (Detach drops a leaving endpoint's queued messages under both locks).
     MutexLock list_lock(&mu_);
-    for (auto& [ep, msg] : deliveries) {
-      if (std::find(endpoints_.begin(), endpoints_.end(), ep) != endpoints_.end()) {
-        ep->DeliverControl(msg);
-      }
+    std::deque<std::pair<OfiEndpoint*, std::vector<uint8_t>>> deliveries;
+    {
+      DomLock lock(&fabric_->dom_mu());
+      deliveries.swap(pending_control_);
     }
+    for (auto& [ep, msg] : deliveries) ep->DeliverControl(msg);
     // Liveness after draining: a FIN already received decides how a
     // closed socket is treated.
     if (check) {
@@ -1742,13 +1752,15 @@ bool OfiCq::ArmProvider() {
     return true;
   }
   MutexLock list_lock(&mu_);
+  // The fids under the domain lock: an endpoint's Shutdown closes them
+  // under it (without mu_).
+  DomLock lock(&fabric_->dom_mu());
   std::vector<fid*> fids;
   for (OfiEndpoint* ep : endpoints_) {
     if (fid_cq* cq = ep->cq_fid()) fids.push_back(&cq->fid);
     if (fid_eq* eq = ep->eq_fid()) fids.push_back(&eq->fid);
   }
   if (fids.empty()) return true;
-  DomLock lock(&fabric_->dom_mu());
   return fi_trywait(fabric_->fabric(), fids.data(), static_cast<int>(fids.size())) == FI_SUCCESS;
 }
 
