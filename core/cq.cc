@@ -54,18 +54,7 @@ bool CompletionQueue::PushDirect(Completion& c) {
   return true;
 }
 
-void CompletionQueue::Push(Completion c) {
-  if (PushDirect(c)) return;
-  bool wake = false;
-  {
-    MutexLock lock(&mu_);
-    ready_.push_back(std::move(c));
-    ready_size_.store(ready_.size(), std::memory_order_release);
-    wake = armed_;
-    armed_ = false;
-  }
-  if (wake) Wake();
-}
+void CompletionQueue::Push(Completion c) { PushAll(std::span<Completion>(&c, 1)); }
 
 void CompletionQueue::PushAll(std::span<Completion> cs) {
   size_t i = 0;

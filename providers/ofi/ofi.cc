@@ -1058,7 +1058,6 @@ class OfiEndpoint final : public Endpoint {
     // drained_'s capacity is reused; it is taken out while completing, in
     // case completing progresses again.
     std::vector<std::pair<Request*, absl::Status>> entries = std::move(drained_);
-    entries.clear();
     size_t n = DrainCq(fcq_, /*ep_open=*/ep_ != nullptr, &entries);
     for (auto& [r, st] : entries) CompleteLocked(r, std::move(st), r->len, out, control);
     entries.clear();
@@ -1217,7 +1216,7 @@ class OfiEndpoint final : public Endpoint {
         }
       }
     }
-    for (auto& c : out) cq_->Push(std::move(c));
+    cq_->PushAll(std::span<Completion>(out.data(), out.size()));
   }
 
   int PostControlSend(Request* req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
@@ -1320,7 +1319,7 @@ class OfiEndpoint final : public Endpoint {
           wait_for_data = false;
         }
       }
-      for (auto& c : out) cq_->Push(std::move(c));
+      cq_->PushAll(std::span<Completion>(out.data(), out.size()));
       if (wait_for_data) return false;
       Shutdown(MakeError(absl::StatusCode::kAborted, ECONNRESET,
                          absl::StrCat("the ofi peer ", info_.peer_address,
@@ -1642,7 +1641,7 @@ class OfiEndpoint final : public Endpoint {
         eq_fd_ = -1;
       }
     }
-    for (auto& c : out) cq_->Push(std::move(c));
+    cq_->PushAll(std::span<Completion>(out.data(), out.size()));
     if (fail_emulated) FailEmulated(why);
   }
 
