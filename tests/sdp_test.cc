@@ -1312,6 +1312,57 @@ TEST_P(SdpAzTest, NonBlockingReceiveIntoTheSentBufferWithNothingThereSaysEagain)
   Finish(c.get(), child);
 }
 
+// A non-blocking receive into a buffer still being sent, with data there to
+// receive: copy-on-write copies the sent bytes aside and receives; under
+// block-on-write, settling means waiting for the peer's pull, so the call
+// says EAGAIN instead (it blocked until the pull before), and the data
+// stays in the stream for the next receive.
+TEST_P(SdpAzTest, NonBlockingReceiveIntoABufferAwaitingItsPullNeverBlocks) {
+  constexpr size_t kLen = 1 << 20;
+  static constexpr char kHello[] = "sixteen bytes!!";
+  pid_t child = Spawn([this] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    CHILD_OK(s.conn->Send(kHello, sizeof(kHello), 0, Deadline()).status());
+    char g;
+    CHILD_CHECK(read(go_[0], &g, 1) == 1);  // pull only when told
+    std::vector<uint8_t> buf(kLen), scratch;
+    auto r = s.conn->Recv(buf.data(), kLen, MSG_WAITALL, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == kLen);
+    CHILD_CHECK(CheckStream(buf.data(), 0, kLen, 62, &scratch) < 0);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 62);
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  // Wait (into another buffer, peeking) until the child's bytes are here.
+  char peek[sizeof(kHello)];
+  auto p = c->Recv(peek, sizeof(peek), MSG_PEEK | MSG_WAITALL, Deadline());
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(*p, sizeof(kHello));
+  auto r = c->Recv(buf.data(), sizeof(kHello), MSG_DONTWAIT, Deadline());
+  if (copy()) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, sizeof(kHello));
+    EXPECT_EQ(std::memcmp(buf.data(), kHello, sizeof(kHello)), 0);
+    EXPECT_EQ(c->stats().az_copies, 1u);
+    Go();
+  } else {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    Go();  // the pull frees the buffer; the bytes are still in the stream
+    auto again = c->Recv(buf.data(), sizeof(kHello), MSG_WAITALL, Deadline());
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(*again, sizeof(kHello));
+    EXPECT_EQ(std::memcmp(buf.data(), kHello, sizeof(kHello)), 0);
+  }
+  Finish(c.get(), child);
+}
+
 // The application's own SIGSEGV handlers keep their faults: one with
 // SA_SIGINFO installed before zsock's, a plain one installed after it (the
 // next send puts zsock's back in front, chaining to it).

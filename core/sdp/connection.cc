@@ -1260,9 +1260,11 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
   };
   if (send_protected()) {
     bool receivable;
+    bool block_policy;
     {
       MutexLock lock(&e->mu_);
       ConnState* c = state_;
+      block_policy = c->opt.az_policy == AzPolicy::kBlock;
       e->ProgressLocked();
       const auto ready = [&] {
         return !c->rxq.empty() || c->peer_shut_wr || !c->error.ok() || c->shut_rd;
@@ -1274,6 +1276,11 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     e->RunCallbacks();
     if (send_protected()) {
       if (!receivable) return (flags & MSG_DONTWAIT) ? WouldBlock() : TimedOut();
+      // Block-on-write settles by waiting for the peer's pull, which a
+      // non-blocking call must not do: try again later (each retry makes
+      // progress). Copy-on-write settles at once, or waits only for a pull
+      // the peer has already started.
+      if ((flags & MSG_DONTWAIT) && block_policy) return WouldBlock();
       for (const iovec& v : iov) {
         if (az::Guard::Get().Overlaps(v.iov_base, v.iov_len)) {
           az::Guard::Get().WaitWritable(v.iov_base, v.iov_len);
