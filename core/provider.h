@@ -176,6 +176,12 @@ class CompletionQueue {
   // create work outside Progress (e.g. a receive posted for a message that
   // already arrived).
   void Wake();
+  // Wake, only if a thread armed the CQ (Arm) and may sleep on wait_fd().
+  // The caller must hold the lock its ArmProvider's check takes, so that an
+  // Arm racing with it either sees the caller's work or is seen here.
+  void WakeSleeper() {
+    if (armed_.load(std::memory_order_acquire)) Wake();
+  }
 
  protected:
   // An eventfd that Push and Wake signal; providers must include it in the
@@ -199,7 +205,9 @@ class CompletionQueue {
   Mutex mu_;
   std::deque<Completion> ready_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> ready_size_{0};  // ready_.size(), readable without mu_
-  bool armed_ ABSL_GUARDED_BY(mu_) = false;  // a waiter may sleep on wait_fd
+  // A waiter may sleep on wait_fd. Written under mu_; WakeSleeper reads it
+  // without.
+  std::atomic<bool> armed_{false};
   int wake_fd_ = -1;
   std::atomic<bool> wake_pending_{false};
 };
