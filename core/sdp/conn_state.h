@@ -245,6 +245,8 @@ struct ConnState {
   int Reportable() const { return rx_posted + static_cast<int>(rx_reorder.size()); }
   int Credits() const { return static_cast<int>(peer_bufs) - static_cast<int>(tx_mseq - peer_ack); }
   uint32_t ReadinessNow() const;
+  // A send of `iov` goes out by bcopy at once as one Data message.
+  bool CanPostSmall(std::span<const iovec> iov) const;
   bool CanAppend() const;
   size_t AppendData(const uint8_t* p, size_t n);
   void QueueCtl(const wire::Message& m);

@@ -217,17 +217,25 @@ void Engine::NoteReadinessLocked(ConnState* c) {
   uint32_t r = c->ReadinessNow();
   if (r == c->last_readiness) return;
   c->last_readiness = r;
-  if (c->callback) callbacks_.push_back({c->callback, r});
+  if (c->callback) {
+    callbacks_.push_back({c->callback, r});
+    callbacks_pending_.store(true, std::memory_order_relaxed);
+  }
 }
 
 void Engine::RunCallbacks() {
+  // Every send and receive ends here; most changed no readiness. A thread
+  // that queued callbacks sees its own store; one that queued none has
+  // nothing of its own to run.
+  if (!callbacks_pending_.load(std::memory_order_relaxed)) return;
   MutexLock order(&callback_mu_);
-  std::vector<PendingCallback> todo;
   {
     MutexLock lock(&mu_);
-    todo.swap(callbacks_);
+    running_.swap(callbacks_);  // callbacks_ gets the emptied vector back: no allocation
+    callbacks_pending_.store(false, std::memory_order_relaxed);
   }
-  for (auto& p : todo) (*p.cb)(p.readiness);
+  for (auto& p : running_) (*p.cb)(p.readiness);
+  running_.clear();
 }
 
 void Engine::RemoveLocked(uint64_t id) {

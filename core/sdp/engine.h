@@ -172,7 +172,9 @@ class Engine : private az::FaultClient {
     uint32_t readiness;
   };
   std::vector<PendingCallback> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> callbacks_pending_{false};  // callbacks_ is not empty (a hint)
   Mutex callback_mu_;  // runs callbacks in order, one batch at a time
+  std::vector<PendingCallback> running_ ABSL_GUARDED_BY(callback_mu_);  // the batch running
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> az_used_{false};  // a connection protected a buffer
   std::vector<std::unique_ptr<MemoryRegion>> lock_regions_ ABSL_GUARDED_BY(mu_);
