@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "absl/base/dynamic_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -302,12 +301,10 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, boo
     if (!leading) {
       leading = true;
       stats_.leader_waits++;
-      ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
       mu_.Unlock();
       Completion comps[32];
       size_t n = LeadWait(std::span<Completion>(comps, 32), until, background);
       mu_.Lock();
-      ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
       leading = false;
       DispatchTakenLocked(std::span<Completion>(comps, n));
       // The other leader may be waiting for what this dispatched.
@@ -317,11 +314,9 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, boo
       continue;
     }
     if (!callbacks_.empty()) {
-      ABSL_ANNOTATE_RWLOCK_RELEASED(&mu_, 1);
       mu_.Unlock();
       RunCallbacks();
       mu_.Lock();
-      ABSL_ANNOTATE_RWLOCK_ACQUIRED(&mu_, 1);
     }
   }
 }
