@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
@@ -593,6 +594,11 @@ TEST_P(Sockets, AbortiveCloseResetsPeer) {
 // The server is killed with SIGKILL while streaming: the client's blocked
 // recv and its sends end with ECONNRESET or EPIPE, not a hang.
 TEST_P(Sockets, PeerKilledMidTransfer) {
+  if (absl::StartsWith(std::get<0>(GetParam()), "ofi:shm")) {
+    GTEST_SKIP() << "libfabric 1.17 shm keeps each peer's queue lock (a spin lock) in shared "
+                    "memory: a peer SIGKILLed while it holds it leaves every later send to it, "
+                    "and the survivor's own progress, spinning inside libfabric (docs/ofi.md)";
+  }
   int p[2];
   ASSERT_EQ(pipe(p), 0);
   pid_t server = Fork([&] {

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/rcache.h"
@@ -401,6 +402,11 @@ TEST_P(SdpTest, AbortResetsThePeer) {
 }
 
 TEST_P(SdpTest, PeerKilledMidTransferFailsBlockedCalls) {
+  if (absl::StartsWith(GetParam().config, "ofi:shm")) {
+    GTEST_SKIP() << "libfabric 1.17 shm keeps each peer's queue lock (a spin lock) in shared "
+                    "memory: a peer SIGKILLed while it holds it leaves every later send to it, "
+                    "and the survivor's own progress, spinning inside libfabric (docs/ofi.md)";
+  }
   pid_t child = Spawn([&] {
     ChildSide s = ChildConnect();
     std::vector<uint8_t> buf(1 << 20, 1);
@@ -869,12 +875,12 @@ TEST_P(SdpCancelTest, SrcAvailAndSinkAvailCross) {
     CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
     return 0;
   });
+  close(queued[1]);  // a child that dies before writing ends the read (EOF), not hangs it
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
   char one;
   ASSERT_EQ(read(queued[0], &one, 1), 1);
   close(queued[0]);
-  close(queued[1]);
   PageBuf buf(kBig);
   std::vector<uint8_t> scratch;
   auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline());
@@ -959,12 +965,12 @@ TEST_P(SdpCancelTest, RevokedSourceFallsBackToBcopy) {
     CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
     return 0;
   });
+  close(revoked[1]);  // as above: EOF if the child dies first
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
   char one;
   ASSERT_EQ(read(revoked[0], &one, 1), 1);  // the key is revoked before we read
   close(revoked[0]);
-  close(revoked[1]);
   EXPECT_EQ(ReadStream(c.get(), kBig, 27), "");
   EXPECT_EQ(c->stats().rdma_fallbacks, 1u);
   EXPECT_EQ(c->stats().bytes_recv_srcavail, 0u);
@@ -1071,19 +1077,24 @@ class SdpAzTest : public SdpTest {
   pid_t SpawnReceiver(size_t total, uint64_t seed) {
     return Spawn([this, total, seed] {
       ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
-      char g;
-      CHILD_CHECK(read(go_[0], &g, 1) == 1);
-      std::vector<uint8_t> buf(total), scratch;
-      auto r = s.conn->Recv(buf.data(), total, MSG_WAITALL, Deadline());
-      CHILD_OK(r.status());
-      CHILD_CHECK(*r == total);
-      int64_t bad = CheckStream(buf.data(), 0, total, seed, &scratch);
-      if (bad >= 0) ChildFail(__LINE__, absl::StrCat("byte ", bad, " differs"));
-      CHILD_OK(s.conn->Shutdown(SHUT_WR));
-      char b;
-      CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-      return 0;
+      return ReceiveAfterGo(s, total, seed);
     });
+  }
+  // Child: waits for the go-ahead, reads `total` stream bytes of `seed`
+  // and checks them, shuts down writing and waits for the parent's end.
+  int ReceiveAfterGo(ChildSide& s, size_t total, uint64_t seed) {
+    char g;
+    CHILD_CHECK(read(go_[0], &g, 1) == 1);
+    std::vector<uint8_t> buf(total), scratch;
+    auto r = s.conn->Recv(buf.data(), total, MSG_WAITALL, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == total);
+    int64_t bad = CheckStream(buf.data(), 0, total, seed, &scratch);
+    if (bad >= 0) ChildFail(__LINE__, absl::StrCat("byte ", bad, " differs"));
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
   }
   std::unique_ptr<Connection> AcceptAz() {
     auto c = AcceptOne();
@@ -1225,17 +1236,7 @@ TEST_P(SdpAzTest, ReceiveIntoABufferStillBeingSent) {
     FillStream(out.data(), 0, kLen, 36);
     auto w = s.conn->Send(out.data(), kLen, 0, Deadline());
     CHILD_OK(w.status());
-    char g;
-    CHILD_CHECK(read(go_[0], &g, 1) == 1);
-    std::vector<uint8_t> in(kLen), scratch;
-    auto r = s.conn->Recv(in.data(), kLen, MSG_WAITALL, Deadline());
-    CHILD_OK(r.status());
-    CHILD_CHECK(*r == kLen);
-    CHILD_CHECK(CheckStream(in.data(), 0, kLen, 35, &scratch) < 0);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ReceiveAfterGo(s, kLen, 35);
   });
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
@@ -1323,17 +1324,7 @@ TEST_P(SdpAzTest, NonBlockingReceiveIntoABufferAwaitingItsPullNeverBlocks) {
   pid_t child = Spawn([this] {
     ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
     CHILD_OK(s.conn->Send(kHello, sizeof(kHello), 0, Deadline()).status());
-    char g;
-    CHILD_CHECK(read(go_[0], &g, 1) == 1);  // pull only when told
-    std::vector<uint8_t> buf(kLen), scratch;
-    auto r = s.conn->Recv(buf.data(), kLen, MSG_WAITALL, Deadline());
-    CHILD_OK(r.status());
-    CHILD_CHECK(*r == kLen);
-    CHILD_CHECK(CheckStream(buf.data(), 0, kLen, 62, &scratch) < 0);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ReceiveAfterGo(s, kLen, 62);  // pulls only when told
   });
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
