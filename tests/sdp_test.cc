@@ -1226,6 +1226,44 @@ TEST_P(SdpAzTest, FreeOfABufferBeingSentWaitsForIt) {
   EXPECT_GE(c->stats().az_faults, 1u);
 }
 
+// One buffer sent twice before either send is pulled (a stream re-sending
+// a buffer): the second send finds its pages read-only already and does not
+// protect them again; releasing the first must leave them protected for the
+// second. A write after both sends keeps the bytes of both calls.
+TEST_P(SdpAzTest, ABufferSentTwiceStaysProtectedUntilBothArePulled) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = Spawn([this] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    char g;
+    CHILD_CHECK(read(go_[0], &g, 1) == 1);
+    std::vector<uint8_t> buf(kLen), scratch;
+    for (int round = 0; round < 2; ++round) {  // the same bytes twice
+      auto r = s.conn->Recv(buf.data(), kLen, MSG_WAITALL, Deadline());
+      CHILD_OK(r.status());
+      CHILD_CHECK(*r == kLen);
+      int64_t bad = CheckStream(buf.data(), 0, kLen, 63, &scratch);
+      if (bad >= 0) ChildFail(__LINE__, absl::StrCat("round ", round, ": byte ", bad, " differs"));
+    }
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 63);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  EXPECT_EQ(c->stats().az_srcavail_sent, 2u);
+  if (!copy()) Go();  // block-on-write: the write waits for both pulls
+  std::memset(buf.data(), 0x5a, kLen);
+  if (copy()) Go();
+  Finish(c.get(), child);
+  auto st = c->stats();
+  EXPECT_EQ(st.bytes_sent_srcavail, 2 * kLen);
+  EXPECT_GE(st.az_faults, 1u);  // the write met the protection, whichever send it waited for
+}
+
 // A receive into a buffer that is still being sent from (echo servers do
 // this) settles the send first.
 TEST_P(SdpAzTest, ReceiveIntoABufferStillBeingSent) {

@@ -239,6 +239,9 @@ struct Guard::Impl {
   void EnsureHandler();
   void ServiceLoop();
   bool LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Whether a live send range other than `except` keeps the page at
+  // `page_addr` read-only already.
+  bool ReadOnlyByAnotherLocked(uintptr_t page_addr, int except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::Status CheckLocked(uintptr_t addr, size_t len, std::vector<Range>* ranges)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::StatusOr<int> ProtectLocked(const std::vector<Range>& ranges, int prot,
@@ -362,6 +365,19 @@ void Guard::Impl::ServiceLoop() {
       cv.SignalAll();
     }
   }
+}
+
+bool Guard::Impl::ReadOnlyByAnotherLocked(uintptr_t page_addr, int except) {
+  const int limit = g_limit.load(std::memory_order_relaxed);
+  for (int i = 0; i < limit; ++i) {
+    const Slot& s = g_slots[i];
+    if (i == except || s.live.load(std::memory_order_relaxed) == 0 ||
+        s.unreadable.load(std::memory_order_relaxed) != 0) {
+      continue;
+    }
+    if (Covers(s, page_addr, page_addr + PageSize())) return true;
+  }
+  return false;
 }
 
 bool Guard::Impl::LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except) {
@@ -519,11 +535,24 @@ absl::StatusOr<int> Guard::Impl::ProtectLocked(const std::vector<Range>& ranges,
   if (g_limit.load(std::memory_order_relaxed) < i + 1) g_limit.store(i + 1, std::memory_order_release);
   s.live.store(1, std::memory_order_release);
   g_live.fetch_add(1, std::memory_order_acq_rel);
+  const uintptr_t page = PageSize();
   for (size_t k = 0; k < ranges.size(); ++k) {
-    if (::mprotect(reinterpret_cast<void*>(ranges[k].start), ranges[k].end - ranges[k].start,
-                   prot) != 0) {
-      int err = errno;
-      s.nranges.store(static_cast<uint32_t>(k), std::memory_order_release);
+    // Page runs: a page another send already keeps read-only needs no
+    // mprotect (a stream re-sending one buffer finds every page so while
+    // the previous sends are pulled; each mprotect takes the mm's lock for
+    // writing, which the peer's cross-memory-attach reads of this process
+    // take for reading). Release keeps such pages read-only for the other.
+    int err = 0;
+    uintptr_t run = ranges[k].start;
+    for (uintptr_t p = run; p <= ranges[k].end && err == 0; p += page) {
+      const bool done = p < ranges[k].end && prot == PROT_READ && ReadOnlyByAnotherLocked(p, i);
+      if (p == ranges[k].end || done) {
+        if (run < p && ::mprotect(reinterpret_cast<void*>(run), p - run, prot) != 0) err = errno;
+        run = p + page;
+      }
+    }
+    if (err != 0) {
+      s.nranges.store(static_cast<uint32_t>(k + 1), std::memory_order_release);
       UnprotectLocked(i);
       return ErrnoError(err, "AZ-SDP: mprotect of the buffer failed",
                         "moved synchronously instead (raise vm.max_map_count if ENOMEM)");
