@@ -125,14 +125,20 @@ bool CompletionQueue::Arm() {
   // returns at once, a hidden busy loop.
   ClearWakeup();
   DrainWake();
+  bool was_armed;
   {
     MutexLock lock(&mu_);
     if (!ready_.empty()) return false;
+    was_armed = armed_;
     armed_ = true;  // from here on, Push wakes the sleeper
   }
   if (ArmProvider()) return true;
+  // Work is pending: this caller polls instead of sleeping. Another thread
+  // that armed before may still sleep on wait_fd (the SDP engine's progress
+  // thread beside an application thread): leave the flag for its wake-ups
+  // (WakeSleeper).
   MutexLock lock(&mu_);
-  armed_ = false;
+  if (!was_armed) armed_ = false;
   return false;
 }
 

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
 #include "core/log.h"
@@ -222,19 +223,21 @@ void Engine::NoteReadinessLocked(ConnState* c) {
   }
 }
 
-void Engine::RunCallbacks() {
+void Engine::RunCallbacks(bool sync) {
   // Every send and receive ends here; most changed no readiness. A thread
   // that queued callbacks sees its own store; one that queued none has
-  // nothing of its own to run.
-  if (!callbacks_pending_.load(std::memory_order_relaxed)) return;
+  // nothing of its own to run. `sync` callers (a callback replaced, a
+  // connection closed) also wait out a batch another thread is running:
+  // once they return, no old callback runs any more.
+  if (!sync && !callbacks_pending_.load(std::memory_order_relaxed)) return;
   MutexLock order(&callback_mu_);
   {
     MutexLock lock(&mu_);
     running_.swap(callbacks_);  // callbacks_ gets the emptied vector back: no allocation
     callbacks_pending_.store(false, std::memory_order_relaxed);
   }
+  absl::Cleanup clear = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { running_.clear(); };
   for (auto& p : running_) (*p.cb)(p.readiness);
-  running_.clear();
 }
 
 void Engine::RemoveLocked(uint64_t id) {

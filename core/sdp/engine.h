@@ -118,8 +118,9 @@ class Engine : private az::FaultClient {
   void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues readiness callbacks for connections whose readiness changed.
   void NoteReadinessLocked(ConnState* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs queued callbacks; call without mu_.
-  void RunCallbacks() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs queued callbacks; call without mu_. With `sync`, also returns only
+  // after a batch another thread took has run.
+  void RunCallbacks(bool sync = false) ABSL_LOCKS_EXCLUDED(mu_);
   void ProgressThread();
   size_t LeadWait(std::span<Completion> out, absl::Time until, bool background);
   // The poll token: one thread at a time polls (or arms) the CQ and keeps
