@@ -1264,6 +1264,38 @@ TEST_P(SdpAzTest, ABufferSentTwiceStaysProtectedUntilBothArePulled) {
   EXPECT_GE(st.az_faults, 1u);  // the write met the protection, whichever send it waited for
 }
 
+// A receive into a buffer still being sent, with only the peer's end of
+// stream to report, writes nothing: it returns 0 at once and settles
+// nothing (under block-on-write it said EAGAIN until the pull; under
+// copy-on-write it copied the send aside first).
+TEST_P(SdpAzTest, EndOfStreamIntoTheSentBufferReturnsZeroWithoutSettling) {
+  constexpr size_t kLen = 1 << 20;
+  pid_t child = Spawn([this] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    return ReceiveAfterGo(s, kLen, 64);
+  });
+  auto c = AcceptAz();
+  ASSERT_NE(c, nullptr);
+  PageBuf buf(kLen);
+  FillStream(buf.data(), 0, kLen, 64);
+  ASSERT_TRUE(c->Send(buf.data(), kLen, 0, Deadline()).ok());
+  char other;
+  auto eof = c->Recv(&other, 1, MSG_PEEK, Deadline());  // waits for the end of stream
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  ASSERT_EQ(*eof, 0u);
+  auto r = c->Recv(buf.data(), kLen, MSG_DONTWAIT, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 0u);
+  EXPECT_EQ(c->stats().az_faults, 0u);
+  Go();
+  // Not Finish: its receive returns at once here (the end of stream came
+  // first), and the child's pull may need this side's progress (emulated
+  // RDMA reads). Close waits for the pull, making progress.
+  EXPECT_TRUE(c->Close().ok());
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // A receive into a buffer that is still being sent from (echo servers do
 // this) settles the send first.
 TEST_P(SdpAzTest, ReceiveIntoABufferStillBeingSent) {

@@ -1280,6 +1280,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
   };
   if (send_protected()) {
     bool receivable;
+    bool has_bytes;
     bool block_policy;
     {
       MutexLock lock(&e->mu_);
@@ -1292,14 +1293,21 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
       e->WaitLocked([&] { return !send_protected() || ready(); },
                     (flags & MSG_DONTWAIT) ? absl::Now() : deadline);
       receivable = ready();
+      // With only an end of stream, a reset or SHUT_RD to report, nothing
+      // will be written into the buffer (and no bytes can follow those).
+      has_bytes = !c->rxq.empty();
     }
     e->RunCallbacks();
-    if (send_protected()) {
+    if (send_protected() && (!receivable || has_bytes)) {
       if (!receivable) return (flags & MSG_DONTWAIT) ? WouldBlock() : TimedOut();
       // Block-on-write settles by waiting for the peer's pull, which a
       // non-blocking call must not do: try again later (each retry makes
-      // progress). Copy-on-write settles at once, or waits only for a pull
-      // the peer has already started.
+      // progress; an event loop sees the socket readable and spins until
+      // the pull completes). Copy-on-write settles at once, or waits only
+      // for a pull the peer has already started. (The receiving
+      // connection's policy decides here; the fault path uses the policy of
+      // the connection sending the buffer, which differs only when the two
+      // were given different ConnectionOptions.)
       if ((flags & MSG_DONTWAIT) && block_policy) return WouldBlock();
       for (const iovec& v : iov) {
         if (az::Guard::Get().Overlaps(v.iov_base, v.iov_len)) {
@@ -1622,7 +1630,7 @@ absl::Status Connection::Shutdown(int how) {
     engine_->NoteReadinessLocked(c);
     engine_->NotifyLocked();
   }
-  engine_->RunCallbacks();
+  engine_->RunCallbacks(/*sync=*/true);
   return absl::OkStatus();
 }
 
@@ -1642,7 +1650,7 @@ void Connection::Abort() {
     }
     engine_->NoteReadinessLocked(c);
   }
-  engine_->RunCallbacks();
+  engine_->RunCallbacks(/*sync=*/true);
 }
 
 absl::Status Connection::Close() {
@@ -1684,7 +1692,7 @@ absl::Status Connection::Close() {
     engine_->RemoveLocked(c->id);
     state_ = nullptr;
   }
-  engine_->RunCallbacks();
+  engine_->RunCallbacks(/*sync=*/true);
   return result;
 }
 
@@ -1703,7 +1711,7 @@ void Connection::SetReadinessCallback(std::function<void(uint32_t)> cb) {
     state_->last_readiness = ~0u;  // fire once with the current state
     engine_->NoteReadinessLocked(state_);
   }
-  engine_->RunCallbacks();
+  engine_->RunCallbacks(/*sync=*/true);
 }
 
 ConnectionStats Connection::stats() const {
