@@ -12,7 +12,12 @@
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ofi:msg,ucx:tcp,ucx:posix]
-#                                   [--repeat=5]
+#                                   [--repeat=5] [--level=provider|sdp]
+#
+# --level=sdp measures zsock one layer up: SDP sockets (zsock_bench
+# --test=pingpong --mode=bcopy over the zs_* API, blocking calls, the
+# library's default spin-then-sleep wait) over the same configuration,
+# against the same peer tool; latency only (the bandwidth columns say "-").
 #
 # Every pair of processes (zsock's, fi_pingpong's, ucx_perftest's) runs on
 # 127.0.0.1 with the server pinned to the first core and the client to the
@@ -48,6 +53,7 @@ iters=20000
 cores=0,1
 configs=ofi:tcp,ofi:shm,ofi:msg,ucx:tcp,ucx:posix
 repeat=5
+level=provider
 for arg in "$@"; do
   case "$arg" in
     --sizes=*) sizes=${arg#*=} ;;
@@ -55,7 +61,8 @@ for arg in "$@"; do
     --cores=*) cores=${arg#*=} ;;
     --configs=*) configs=${arg#*=} ;;
     --repeat=*) repeat=${arg#*=} ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    --level=*) level=${arg#*=} ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "compare_providers: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -66,8 +73,13 @@ stream_msgs=200000     # per size, at most (bounds the time of small sizes)
 stream_bytes=$((256 << 20))
 
 bash tools/install_deps.sh || exit 1
-bazel build -c opt --config=ci //bench:provider_bench || exit 1
+case "$level" in
+  provider|sdp) ;;
+  *) echo "compare_providers: --level=$level: provider or sdp" >&2; exit 2 ;;
+esac
+bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench || exit 1
 bench=$(pwd)/bazel-bin/bench/provider_bench
+sdp_bench=$(pwd)/bazel-bin/bench/zsock_bench
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -168,7 +180,22 @@ col_median() {  # FILE KEY C
 
 # zsock CONFIG: one run over every size, appending "size p50 p99 avg
 # pp_MBps stream_MBps" lines to $tmp/zs.all.
+# --level=sdp: zsock_bench's ping-pong instead, its JSON turned into the
+# same columns (no stream: "-").
 zs_run() {
+  if [ "$level" = sdp ]; then
+    "$sdp_bench" --test=pingpong --provider="$1" --mode=bcopy --sizes="$sizes" \
+      --iters="$iters" --server_core="$server_core" --client_core="$client_core" \
+      --progress=false --json="$tmp/zs.json" >/dev/null 2>"$tmp/zs.err" || return 1
+    python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    s = r["msg_size"]
+    print(s, r["lat_us_p50"], r["lat_us_p99"], r["lat_us_avg"], "%.1f" % (s / r["lat_us_avg"]), "-")
+' "$tmp/zs.json" >>"$tmp/zs.all"
+    return
+  fi
   "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
     --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
     --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
@@ -194,6 +221,7 @@ peer_run() {
 }
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ "$level" = sdp ] && echo "level: SDP sockets (zsock_bench --test=pingpong --mode=bcopy) beside the same peer tools"
 echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; median of $repeat interleaved rounds"
 echo
 rows=()
@@ -220,7 +248,7 @@ for cfg in "${cfgs[@]}"; do
     echo "round $r/$repeat: zsock $zs, $peer ($cfg) ..." >&2
     if [ "$zs_ok" = 1 ] && ! zs_run "$zs"; then
       zs_ok=0
-      zs_reason=$(grep -v '^$' "$tmp/zs.err" | grep 'provider_bench:' | head -1 | sed 's/^provider_bench: //' | cut -c1-100)
+      zs_reason=$(grep -v '^$' "$tmp/zs.err" | grep -E '(provider|zsock)_bench:' | head -1 | sed -E 's/^(provider|zsock)_bench: //' | cut -c1-100)
       [ -n "$zs_reason" ] || zs_reason=$(grep -v '^$' "$tmp/zs.err" | tail -1 | cut -c1-100)
     fi
     for size in "${size_list[@]}"; do
@@ -249,6 +277,7 @@ for cfg in "${cfgs[@]}"; do
       ppbw=$(awk -v r="$rate" -v s="$size" 'BEGIN { if (r == "-") print "-"; else printf "%.1f", r * s / 1e6 }')
       zbw=$zstream
     fi
+    if [ "$level" = sdp ]; then zbw=-; ppbw=-; fi
     row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" \
         "$(fmt "$zp50")" "$(fmt "$pp50")" "$(ratio "$zp50" "$pp50")" \
         "$(fmt "$zbw")" "$(fmt "$ppbw")" "$(ratio "$zbw" "$ppbw")"

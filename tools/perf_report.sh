@@ -8,7 +8,8 @@
 #      kernel TCP, fi_pingpong (shm, tcp;ofi_rxm), ucx_perftest (posix/cma,
 #      tcp), beside zsock;
 #   3. zsock's ofi and ucx providers beside libfabric's and UCX's own tools
-#      (bench/compare_providers.sh).
+#      (bench/compare_providers.sh), and SDP sockets over ofi:tcp;ofi_rxm and
+#      ucx:tcp beside the same tools (compare_providers.sh --level=sdp).
 #
 # The analysis that is not a number (what limits what, what changed) is
 # hand-written in docs/performance-notes.md and copied in verbatim.
@@ -38,10 +39,12 @@ if [ "$quick" = 1 ]; then
   sizes=8,4096,1048576
   peer_sizes=8,64K
   prov_args=(--sizes=64,65536 --iters=5000 --repeat=1)
+  sdp_prov_args=(--sizes=64 --iters=5000 --repeat=1)
 else
   sizes=8,64,1024,4096,65536,1048576
   peer_sizes=8,64,512,4K,64K,1M
   prov_args=()
+  sdp_prov_args=(--sizes=8,64,4096 --repeat=5)
 fi
 
 out=docs/perf
@@ -78,6 +81,8 @@ run pagefault env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=pagefault --provider
   --json="$out/az/pagefault.json" --plot="$out/az"
 run peers bash bench/compare_peers.sh --sizes="$peer_sizes"
 run providers bash bench/compare_providers.sh "${prov_args[@]}"
+run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,ucx:tcp \
+  "${sdp_prov_args[@]}"
 
 python3 - "$tmp" "$out" "$quick" "$load_before" >docs/performance.md <<'EOF'
 import datetime, glob, os, platform, subprocess, sys
@@ -145,6 +150,11 @@ print("## Beside the peers a user would pick instead\n")
 print(block("peers"))
 print("## zsock's providers beside libfabric's and UCX's own tools\n")
 print(block("providers"))
+print("## SDP sockets over ofi and ucx beside the same tools\n")
+print("The same comparison one layer up: zsock_bench's ping-pong over the zs_* sockets API"
+      " (SDP bcopy, blocking calls) on `ofi:tcp;ofi_rxm` and `ucx:tcp`, against fi_pingpong"
+      " and ucx_perftest on the same transports (issue 8's target: within 1.3x).\n")
+print(block("sdp_providers"))
 
 notes = "docs/performance-notes.md"
 if os.path.exists(notes):
