@@ -40,7 +40,7 @@ bool WouldBlock(const absl::Status& s) {
 
 absl::Time DeadlineFrom(const timeval& tv) {
   if (tv.tv_sec == 0 && tv.tv_usec == 0) return absl::InfiniteFuture();
-  return absl::Now() + absl::Seconds(tv.tv_sec) + absl::Microseconds(tv.tv_usec);
+  return absl::Now() + absl::DurationFromTimeval(tv);
 }
 
 // The source address the kernel would use to reach `to` (connect on a UDP
@@ -202,25 +202,37 @@ void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
     if (a.ok()) peer_ = *a;
   }
   std::weak_ptr<Socket> weak = weak_from_this();
-  conn->SetReadinessCallback([weak](uint32_t r) {
-    if (auto self = weak.lock()) self->OnReadiness(r);
+  std::weak_ptr<sdp::Connection> weak_conn = conn;
+  conn->SetReadinessCallback([weak, weak_conn](uint32_t r) {
+    auto self = weak.lock();
+    auto c = weak_conn.lock();
+    if (self && c) self->OnReadiness(c.get(), r);
   });
-  OnReadiness(conn->readiness());
+  OnReadiness(conn.get(), conn->readiness());
 }
 
 // The mirror only ever turns readiness on here; it is turned off by the
 // call that found nothing to do (MarkUnreadable / MarkUnwritable), so a
-// socket that stays busy costs no system calls (sockets/readiness.h).
-void Socket::OnReadiness(uint32_t r) {
+// socket that stays busy costs no system calls (sockets/readiness.h), and,
+// with the watch narrowed to the bits the mirror shows off, no callbacks.
+void Socket::OnReadiness(sdp::Connection* c, uint32_t r) {
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
   if (r & (sdp::kError | sdp::kHup)) {
     rfd_->SetHangup();
-    return;
+  } else {
+    if (r & sdp::kRdHup) rfd_->SetEndOfStream();
+    if (r & sdp::kReadable) rfd_->SetReadable(true);
+    if (r & sdp::kWritable) rfd_->SetWritable(true);
   }
-  if (r & sdp::kRdHup) rfd_->SetEndOfStream();
-  if (r & sdp::kReadable) rfd_->SetReadable(true);
-  if (r & sdp::kWritable) rfd_->SetWritable(true);
+  WatchLocked(c);
+}
+
+void Socket::WatchLocked(sdp::Connection* c) {
+  uint32_t bits = sdp::kError | sdp::kHup | sdp::kRdHup;
+  if (!rfd_->readable()) bits |= sdp::kReadable;
+  if (!rfd_->writable()) bits |= sdp::kWritable;
+  c->SetReadinessWatch(bits);
 }
 
 void Socket::MarkUnreadable() {
@@ -228,9 +240,13 @@ void Socket::MarkUnreadable() {
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
   rfd_->SetReadable(false);
-  // Data may have arrived between the failed call and here; its callback
-  // saw the mirror still readable and did nothing, so look again.
-  if (c && (c->readiness() & (sdp::kReadable | sdp::kError | sdp::kHup))) rfd_->SetReadable(true);
+  if (!c) return;
+  // Data may have arrived between the failed call and here, unreported
+  // (the watch left readable out while the mirror showed it): watch again,
+  // then look.
+  WatchLocked(c.get());
+  if (c->readiness() & (sdp::kReadable | sdp::kError | sdp::kHup)) rfd_->SetReadable(true);
+  WatchLocked(c.get());
 }
 
 void Socket::MarkUnwritable() {
@@ -238,7 +254,10 @@ void Socket::MarkUnwritable() {
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
   rfd_->SetWritable(false);
-  if (c && (c->readiness() & (sdp::kWritable | sdp::kError | sdp::kHup))) rfd_->SetWritable(true);
+  if (!c) return;
+  WatchLocked(c.get());  // as in MarkUnreadable
+  if (c->readiness() & (sdp::kWritable | sdp::kError | sdp::kHup)) rfd_->SetWritable(true);
+  WatchLocked(c.get());
 }
 
 std::shared_ptr<sdp::Connection> Socket::conn() const {

@@ -96,11 +96,16 @@ class Socket : public std::enable_shared_from_this<Socket> {
   static absl::StatusOr<std::shared_ptr<Socket>> FromConnection(
       int family, std::unique_ptr<sdp::Connection> conn, int flags);
   void Attach(std::shared_ptr<sdp::Connection> conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnReadiness(uint32_t r);
+  // The connection's readiness changed (its callback, or Attach).
+  void OnReadiness(sdp::Connection* c, uint32_t r);
   // After a call found nothing to do: clears the mirrored bit unless the
   // connection became ready meanwhile.
   void MarkUnreadable();
   void MarkUnwritable();
+  // Has `c` report changes of the bits the mirror shows off, and of the
+  // ones that end a connection; a bit the mirror shows on is turned off
+  // only by MarkUnreadable/MarkUnwritable, never by a callback.
+  void WatchLocked(sdp::Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rfd_mu_);
   sdp::ConnectionOptions OptionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<sdp::Connection> conn() const;
   absl::Status ConnectError(const absl::Status& why, const SocketAddress& to);

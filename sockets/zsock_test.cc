@@ -341,6 +341,139 @@ TEST_P(Sockets, CallSemantics) {
       });
 }
 
+// The fd's poll readiness follows every transition, not only the first:
+// after a receive says EAGAIN, the next bytes (with the peer still open, so
+// no end of stream wakes it) make the fd readable; after a send says
+// EAGAIN, the peer's reading makes it writable. The sockets layer stops
+// hearing about bits its mirror already shows (Connection::
+// SetReadinessWatch), and must start again when it turns one off.
+TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
+  constexpr int kRounds = 3;
+  RunPair(
+      [&](int l) {
+        int fd = zs_accept(l, nullptr, nullptr);
+        CHECK_C(fd >= 0);
+        CHECK_C(zs_fcntl(fd, F_SETFL, O_NONBLOCK) == 0);
+        for (int round = 0; round < kRounds; ++round) {
+          pollfd pf{fd, POLLIN, 0};
+          CHECK_C(::poll(&pf, 1, 30000) == 1 && (pf.revents & POLLIN));
+          char c = 0;
+          CHECK_C(zs_recv(fd, &c, 1, 0) == 1 && c == 'a' + round);
+          CHECK_C(zs_recv(fd, &c, 1, 0) == -1 && errno == EAGAIN);
+          CHECK_C(::poll(&pf, 1, 0) == 0);
+          CHECK_C(zs_send(fd, &c, 1, MSG_NOSIGNAL) == 1);  // the client's turn
+        }
+        // The client fills its send buffer (a few milliseconds), then waits
+        // for POLLOUT: read everything (blocking) until its end of stream.
+        usleep(300000);
+        CHECK_C(zs_fcntl(fd, F_SETFL, 0) == 0);
+        std::vector<uint8_t> buf(1 << 16);
+        while (zs_recv(fd, buf.data(), buf.size(), 0) > 0) {}
+        CHECK_C(zs_close(fd) == 0);
+        CHECK_C(zs_close(l) == 0);
+        return 0;
+      },
+      [&](uint16_t port) {
+        int fd = zs_socket(AF_INET, SOCK_STREAM, 0);
+        CHECK_C(fd >= 0);
+        sockaddr_in a = Loopback(port);
+        CHECK_C(zs_connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+        for (int round = 0; round < kRounds; ++round) {
+          const char c = static_cast<char>('a' + round);
+          CHECK_C(zs_send(fd, &c, 1, MSG_NOSIGNAL) == 1);
+          char back = 0;
+          CHECK_C(zs_recv(fd, &back, 1, MSG_WAITALL) == 1 && back == c);
+        }
+        // Not writable once a send says EAGAIN; writable again when the
+        // server has read.
+        CHECK_C(zs_fcntl(fd, F_SETFL, O_NONBLOCK) == 0);
+        std::vector<uint8_t> chunk(1 << 16, 0x5a);
+        size_t sent = 0;
+        for (;;) {
+          ssize_t k = zs_send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (k < 0) {
+            CHECK_C(errno == EAGAIN);
+            break;
+          }
+          sent += static_cast<size_t>(k);
+          CHECK_C(sent < (size_t{1} << 30));  // a send buffer has an end
+        }
+        pollfd pf{fd, POLLOUT, 0};
+        CHECK_C(::poll(&pf, 1, 30000) == 1 && (pf.revents & POLLOUT));
+        CHECK_C(zs_shutdown(fd, SHUT_WR) == 0);
+        CHECK_C(zs_close(fd) == 0);
+        return 0;
+      });
+}
+
+// SO_RCVTIMEO and SO_SNDTIMEO: a blocked call gives up with EAGAIN, not
+// before the time asked for, and the connection works on afterwards. (A
+// deadline from CLOCK_REALTIME_COARSE plus one tick failed this: on this
+// tickless VM the coarse clock lagged by up to 1.5 ticks.)
+TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
+  constexpr int kTimeoutMs = 100;
+  const auto elapsed_ms = [](absl::Time t0) { return absl::ToDoubleMilliseconds(absl::Now() - t0); };
+  RunPair(
+      [&](int l) {
+        int fd = zs_accept(l, nullptr, nullptr);
+        CHECK_C(fd >= 0);
+        timeval tv{0, kTimeoutMs * 1000};
+        CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+        timeval got{};
+        socklen_t len = sizeof(got);
+        CHECK_C(zs_getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &got, &len) == 0);
+        CHECK_C(got.tv_sec == 0 && got.tv_usec == kTimeoutMs * 1000);
+        char c = 0;
+        absl::Time t0 = absl::Now();
+        CHECK_C(zs_recv(fd, &c, 1, 0) == -1 && errno == EAGAIN);
+        double ms = elapsed_ms(t0);
+        CHECK_C(ms >= kTimeoutMs && ms < 20000);
+        CHECK_C(zs_send(fd, "g", 1, MSG_NOSIGNAL) == 1);  // the client may fill now
+        usleep(1000000);  // reading nothing meanwhile: its sends time out
+        // Then everything the client sent comes, its last byte included.
+        std::vector<uint8_t> buf(1 << 16);
+        ssize_t k;
+        while ((k = zs_recv(fd, buf.data(), buf.size(), 0)) != 0) {
+          CHECK_C(k > 0 || errno == EAGAIN);  // a slow sender meets our timeout too
+        }
+        CHECK_C(zs_close(fd) == 0);
+        CHECK_C(zs_close(l) == 0);
+        return 0;
+      },
+      [&](uint16_t port) {
+        int fd = zs_socket(AF_INET, SOCK_STREAM, 0);
+        CHECK_C(fd >= 0);
+        sockaddr_in a = Loopback(port);
+        CHECK_C(zs_connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+        char c = 0;
+        CHECK_C(zs_recv(fd, &c, 1, MSG_WAITALL) == 1 && c == 'g');
+        timeval tv{0, kTimeoutMs * 1000};
+        CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
+        // The server reads nothing for a second: once the send buffer is
+        // full, a send returns what it queued when the timeout expires, and
+        // the next one, with nothing queued, says EAGAIN.
+        // Chunks below every mode's zero-copy threshold: buffered sends.
+        std::vector<uint8_t> chunk(4096, 0x5a);
+        bool timed_out = false;
+        for (int i = 0; i < (1 << 16) && !timed_out; ++i) {
+          absl::Time t0 = absl::Now();
+          ssize_t k = zs_send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (k < 0) {
+            CHECK_C(errno == EAGAIN);
+            CHECK_C(elapsed_ms(t0) >= kTimeoutMs);
+            timed_out = true;
+          }
+        }
+        CHECK_C(timed_out);
+        tv = timeval{0, 0};  // no timeout: wait until the server reads
+        CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
+        CHECK_C(zs_send(fd, "z", 1, MSG_NOSIGNAL) == 1);
+        CHECK_C(zs_shutdown(fd, SHUT_WR) == 0);
+        CHECK_C(zs_close(fd) == 0);
+        return 0;
+      });
+}
+
 // Connecting where nobody listens: ECONNREFUSED, directly or through
 // EINPROGRESS + SO_ERROR for a non-blocking socket.
 TEST_P(Sockets, ConnectRefused) {

@@ -3,6 +3,7 @@
 #ifndef ZSOCK_CORE_SDP_CONN_STATE_H_
 #define ZSOCK_CORE_SDP_CONN_STATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -228,6 +229,9 @@ struct ConnState {
   ConnectionStats stats;
   std::shared_ptr<std::function<void(uint32_t)>> callback;
   uint32_t last_readiness = 0;
+  // Readiness bits whose changes fire `callback` (Connection::
+  // SetReadinessWatch); written without the engine lock.
+  std::atomic<uint32_t> watch{~0u};
 
   // ---- protocol (connection.cc), engine mutex held ----
   absl::Status Init();

@@ -214,10 +214,11 @@ bool Engine::ProgressLocked() {
 }
 
 void Engine::NoteReadinessLocked(ConnState* c) {
-  uint32_t r = c->ReadinessNow();
-  if (r == c->last_readiness) return;
+  const uint32_t r = c->ReadinessNow();
+  const uint32_t last = c->last_readiness;
+  if (r == last) return;
   c->last_readiness = r;
-  if (c->callback) {
+  if (c->callback && ((r ^ last) & c->watch.load(std::memory_order_seq_cst)) != 0) {
     callbacks_.push_back({c->callback, r});
     callbacks_pending_.store(true, std::memory_order_relaxed);
   }

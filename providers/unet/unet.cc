@@ -1525,7 +1525,9 @@ void UnetCq::Detach(UnetEndpoint* ep, int watch_fd, int pidfd) {
 }
 
 size_t UnetCq::Progress() {
-  bool check = check_liveness_.exchange(false, std::memory_order_relaxed);
+  // A plain load first: a busy poll costs no read-modify-write here.
+  bool check = check_liveness_.load(std::memory_order_relaxed) &&
+               check_liveness_.exchange(false, std::memory_order_relaxed);
   // The liveness interval is milliseconds: tick precision is plenty.
   const int64_t now = CoarseNowNs();
   if (now - last_liveness_ns_.load(std::memory_order_relaxed) > kLivenessIntervalNs) {
