@@ -1020,7 +1020,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     // the poll would cost it as much as the send itself.
     if (!c->CanPostSmall(iov)) e->ProgressLocked();
     bool dontwait = flags & MSG_DONTWAIT;
-    if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? absl::Now() : deadline)) {
+    if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? absl::InfinitePast() : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
     }
     c->send_busy = true;
@@ -1291,7 +1291,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         return !c->rxq.empty() || c->peer_shut_wr || !c->error.ok() || c->shut_rd;
       };
       e->WaitLocked([&] { return !send_protected() || ready(); },
-                    (flags & MSG_DONTWAIT) ? absl::Now() : deadline);
+                    (flags & MSG_DONTWAIT) ? absl::InfinitePast() : deadline);
       receivable = ready();
       // With only an end of stream, a reset or SHUT_RD to report, nothing
       // will be written into the buffer (and no bytes can follow those).
@@ -1327,7 +1327,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     bool dontwait = flags & MSG_DONTWAIT;
     bool peek = flags & MSG_PEEK;
     bool waitall = (flags & MSG_WAITALL) && !peek;
-    if (!e->WaitLocked([&] { return !c->recv_busy; }, dontwait ? absl::Now() : deadline)) {
+    if (!e->WaitLocked([&] { return !c->recv_busy; }, dontwait ? absl::InfinitePast() : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
     }
     c->recv_busy = true;

@@ -109,7 +109,8 @@ class Engine : private az::FaultClient {
                                                     ConnectionOptions options, bool active,
                                                     absl::Time deadline);
   // Blocks (leading progress or following) until pred() or deadline;
-  // returns pred(). Requires mu_.
+  // returns pred(). Requires mu_. absl::InfinitePast() does not wait
+  // (MSG_DONTWAIT callers pass it rather than absl::Now()).
   // `background`: the caller is the progress thread.
   bool WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, bool background = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -122,7 +123,7 @@ class Engine : private az::FaultClient {
   // after a batch another thread took has run.
   void RunCallbacks(bool sync = false) ABSL_LOCKS_EXCLUDED(mu_);
   void ProgressThread();
-  size_t LeadWait(std::span<Completion> out, absl::Time until, bool background);
+  size_t LeadWait(std::span<Completion> out, absl::Time deadline, bool background);
   // The poll token: one thread at a time polls (or arms) the CQ and keeps
   // the token until what it polled is dispatched, so completions reach their
   // connections in order although the leader polls without mu_. TakeCq
