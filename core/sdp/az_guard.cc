@@ -238,10 +238,18 @@ struct Guard::Impl {
   void StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void EnsureHandler();
   void ServiceLoop();
-  bool LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Whether a live send range other than `except` keeps the page at
-  // `page_addr` read-only already.
-  bool ReadOnlyByAnotherLocked(uintptr_t page_addr, int except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Whether a live slot other than `except` covers [lo, hi); with
+  // `read_only`, only send slots (those that leave the pages readable).
+  bool LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except, bool read_only = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Calls mprotect(prot) on each run of the pages of [a, b) that no other
+  // live slot than `i` keeps as they are (any live slot when unprotecting;
+  // a send slot when protecting read-only); returns the first errno, or 0
+  // (the other runs are changed all the same).
+  // Each mprotect takes the mm's lock for writing, which the peer's
+  // cross-memory-attach reads of this process take for reading, so pages
+  // needing no change get none.
+  int ProtectRunsLocked(int i, uintptr_t a, uintptr_t b, int prot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::Status CheckLocked(uintptr_t addr, size_t len, std::vector<Range>* ranges)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   absl::StatusOr<int> ProtectLocked(const std::vector<Range>& ranges, int prot,
@@ -367,26 +375,40 @@ void Guard::Impl::ServiceLoop() {
   }
 }
 
-bool Guard::Impl::ReadOnlyByAnotherLocked(uintptr_t page_addr, int except) {
+bool Guard::Impl::LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except, bool read_only) {
   const int limit = g_limit.load(std::memory_order_relaxed);
   for (int i = 0; i < limit; ++i) {
     const Slot& s = g_slots[i];
     if (i == except || s.live.load(std::memory_order_relaxed) == 0 ||
-        s.unreadable.load(std::memory_order_relaxed) != 0) {
+        (read_only && s.unreadable.load(std::memory_order_relaxed) != 0)) {
       continue;
     }
-    if (Covers(s, page_addr, page_addr + PageSize())) return true;
+    if (Covers(s, lo, hi)) return true;
   }
   return false;
 }
 
-bool Guard::Impl::LiveCoversLocked(uintptr_t lo, uintptr_t hi, int except) {
-  const int limit = g_limit.load(std::memory_order_relaxed);
-  for (int i = 0; i < limit; ++i) {
-    if (i == except || g_slots[i].live.load(std::memory_order_relaxed) == 0) continue;
-    if (Covers(g_slots[i], lo, hi)) return true;
+int Guard::Impl::ProtectRunsLocked(int i, uintptr_t a, uintptr_t b, int prot) {
+  const uintptr_t page = PageSize();
+  const bool unprotect = prot == (PROT_READ | PROT_WRITE);
+  // Only this slot is live (the common case: one buffer in flight): no
+  // other slot can keep a page, and 1 GiB adverts skip the page scan.
+  const bool others = g_live.load(std::memory_order_relaxed) > 1;
+  const auto kept = [&](uintptr_t p) {
+    if (!others || (!unprotect && prot != PROT_READ)) return false;
+    return LiveCoversLocked(p, p + page, i, /*read_only=*/!unprotect);
+  };
+  int err = 0;  // the first failure; the other runs are still changed
+  uintptr_t run = a;
+  for (uintptr_t p = a; p <= b; p += page) {
+    if (p == b || kept(p)) {
+      if (run < p && ::mprotect(reinterpret_cast<void*>(run), p - run, prot) != 0 && err == 0) {
+        err = errno;
+      }
+      run = p + page;
+    }
   }
-  return false;
+  return err;
 }
 
 // The pages must be read-write and not executable, except pages a live
@@ -535,23 +557,11 @@ absl::StatusOr<int> Guard::Impl::ProtectLocked(const std::vector<Range>& ranges,
   if (g_limit.load(std::memory_order_relaxed) < i + 1) g_limit.store(i + 1, std::memory_order_release);
   s.live.store(1, std::memory_order_release);
   g_live.fetch_add(1, std::memory_order_acq_rel);
-  const uintptr_t page = PageSize();
   for (size_t k = 0; k < ranges.size(); ++k) {
-    // Page runs: a page another send already keeps read-only needs no
-    // mprotect (a stream re-sending one buffer finds every page so while
-    // the previous sends are pulled; each mprotect takes the mm's lock for
-    // writing, which the peer's cross-memory-attach reads of this process
-    // take for reading). Release keeps such pages read-only for the other.
-    int err = 0;
-    uintptr_t run = ranges[k].start;
-    for (uintptr_t p = run; p <= ranges[k].end && err == 0; p += page) {
-      const bool done = p < ranges[k].end && prot == PROT_READ && ReadOnlyByAnotherLocked(p, i);
-      if (p == ranges[k].end || done) {
-        if (run < p && ::mprotect(reinterpret_cast<void*>(run), p - run, prot) != 0) err = errno;
-        run = p + page;
-      }
-    }
-    if (err != 0) {
+    // A page another send already keeps read-only needs no mprotect (a
+    // stream re-sending one buffer finds every page so while the previous
+    // sends are pulled); release keeps such pages read-only for the other.
+    if (int err = ProtectRunsLocked(i, ranges[k].start, ranges[k].end, prot); err != 0) {
       s.nranges.store(static_cast<uint32_t>(k + 1), std::memory_order_release);
       UnprotectLocked(i);
       return ErrnoError(err, "AZ-SDP: mprotect of the buffer failed",
@@ -566,20 +576,11 @@ absl::StatusOr<int> Guard::Impl::ProtectLocked(const std::vector<Range>& ranges,
 void Guard::Impl::UnprotectLocked(int i) {
   Slot& s = g_slots[i];
   if (s.live.load(std::memory_order_relaxed) == 0) return;
-  const size_t page = PageSize();
   const uint32_t n = std::min<uint32_t>(s.nranges.load(std::memory_order_relaxed), kMaxRanges);
   for (uint32_t k = 0; k < n; ++k) {
-    const uintptr_t a = s.start[k].load(std::memory_order_relaxed);
-    const uintptr_t b = s.end[k].load(std::memory_order_relaxed);
-    // Page by page runs: pages another live range covers stay read-only.
-    uintptr_t run = a;
-    for (uintptr_t p = a; p <= b; p += page) {
-      bool keep = p < b && LiveCoversLocked(p, p + page, i);
-      if (p == b || keep) {
-        if (run < p) ::mprotect(reinterpret_cast<void*>(run), p - run, PROT_READ | PROT_WRITE);
-        run = p + page;
-      }
-    }
+    // Pages another live range covers stay as that range needs them.
+    ProtectRunsLocked(i, s.start[k].load(std::memory_order_relaxed),
+                      s.end[k].load(std::memory_order_relaxed), PROT_READ | PROT_WRITE);
   }
   s.live.store(0, std::memory_order_release);
   s.client = nullptr;
