@@ -181,6 +181,14 @@ class SdpTest : public ::testing::TestWithParam<Param> {
     return s;
   }
   ChildSide ChildConnect() { return ChildConnect(Options()); }
+  // A child's usual ending: shuts down writing, waits for the parent's end
+  // of stream; returns the child's exit status (0).
+  static int ChildFinish(ChildSide& s) {
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    char b;
+    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    return 0;
+  }
 
   std::unique_ptr<Connection> AcceptOne() {
     auto c = listener_->Accept(Deadline());
@@ -704,10 +712,7 @@ TEST_P(SdpCancelTest, SourceGivesUpBeforeTheSinkReads) {
     CHILD_CHECK(s.conn->stats().srcavail_cancels == 1);
     std::string err = SendAll(s.conn.get(), buf, sent);
     if (!err.empty()) ChildFail(__LINE__, err);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
@@ -732,10 +737,7 @@ TEST_P(SdpCancelTest, CancelCrossesTheFinalReadCompletion) {
     CHILD_CHECK(*r == kBig);
     CHILD_CHECK(s.conn->stats().srcavail_cancels == 1);
     CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
@@ -773,10 +775,7 @@ TEST_P(SdpCancelTest, SinkGivesUpBeforeTheSourceWrites) {
     FillStream(buf.data(), 0, buf.size(), 23);
     std::string err = SendAll(s.conn.get(), buf, 0);
     if (!err.empty()) ChildFail(__LINE__, err);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
@@ -811,10 +810,7 @@ TEST_P(SdpCancelTest, SinkCancelCrossesTheWrite) {
     s.conn->TestReleaseHeld();
     std::string err = SendAll(s.conn.get(), buf, *r);
     if (!err.empty()) ChildFail(__LINE__, err);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
@@ -870,10 +866,7 @@ TEST_P(SdpCancelTest, SrcAvailAndSinkAvailCross) {
     CHILD_CHECK(*r == kBig);
     CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
     CHILD_CHECK(s.conn->stats().bytes_sent_sinkavail == 0);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   close(queued[1]);  // a child that dies before writing ends the read (EOF), not hangs it
   auto c = AcceptOne();
@@ -908,10 +901,7 @@ TEST_P(SdpCancelTest, SinkReadsASrcAvailInSmallPieces) {
     CHILD_OK(r.status());
     CHILD_CHECK(*r == kBig);
     CHILD_CHECK(s.conn->stats().bytes_sent_srcavail == kBig);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
@@ -960,10 +950,7 @@ TEST_P(SdpCancelTest, RevokedSourceFallsBackToBcopy) {
     CHILD_OK(r.status());
     CHILD_CHECK(*r == kBig);
     CHILD_CHECK(s.conn->stats().sendsmall == 1);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   close(revoked[1]);  // as above: EOF if the child dies first
   auto c = AcceptOne();
@@ -999,10 +986,7 @@ TEST_P(SdpCancelTest, RevokedSinkFallsBackToBcopy) {
     std::string err = SendAll(s.conn.get(), buf, 0);
     if (!err.empty()) ChildFail(__LINE__, err);
     CHILD_CHECK(s.conn->stats().rdma_fallbacks >= 1);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptOne();
   ASSERT_NE(c, nullptr);
@@ -1091,10 +1075,7 @@ class SdpAzTest : public SdpTest {
     CHILD_CHECK(*r == total);
     int64_t bad = CheckStream(buf.data(), 0, total, seed, &scratch);
     if (bad >= 0) ChildFail(__LINE__, absl::StrCat("byte ", bad, " differs"));
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   }
   std::unique_ptr<Connection> AcceptAz() {
     auto c = AcceptOne();
@@ -1244,10 +1225,7 @@ TEST_P(SdpAzTest, ABufferSentTwiceStaysProtectedUntilBothArePulled) {
       int64_t bad = CheckStream(buf.data(), 0, kLen, 63, &scratch);
       if (bad >= 0) ChildFail(__LINE__, absl::StrCat("round ", round, ": byte ", bad, " differs"));
     }
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
@@ -1343,10 +1321,7 @@ TEST_P(SdpAzTest, EchoIntoTheSentBufferWaitsForThePullInsteadOfFaulting) {
       CHILD_CHECK(*r == kLen);
       CHILD_CHECK(CheckStream(in.data(), uint64_t{kLen} * i, kLen, 60, &scratch) < 0);
     }
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
@@ -1540,10 +1515,7 @@ TEST_P(SdpAzTest, ReceiveReturnsBeforeTheDataLandsAndReadsSeeIt) {
     FillStream(out.data(), 0, kLen, 40);
     auto w = s.conn->Send(out.data(), kLen, 0, Deadline());
     CHILD_OK(w.status());
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
@@ -1589,10 +1561,7 @@ TEST_P(SdpAzTest, EchoOfAnEarlyReceive) {
     CHILD_OK(r.status());
     CHILD_CHECK(*r == kLen);
     CHILD_CHECK(CheckStream(in.data(), 0, kLen, 41, &scratch) < 0);
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
-    char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
-    return 0;
+    return ChildFinish(s);
   });
   auto c = AcceptAz();
   ASSERT_NE(c, nullptr);
