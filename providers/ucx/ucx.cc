@@ -71,6 +71,7 @@
 #include "core/accept.h"
 #include "core/clock.h"
 #include "core/fd.h"
+#include "core/keyslot.h"
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/provider.h"
@@ -545,39 +546,22 @@ bool DecodeBlob(const RemoteKey& key, BlobKey* out) {
   return true;
 }
 
-absl::Status KeyError(const char* why, uint64_t addr, size_t len) {
-  return MakeError(absl::StatusCode::kPermissionDenied, EACCES,
-                   absl::StrCat("remote access to [0x", absl::Hex(addr), ", +", len,
-                                ") refused: ", why),
-                   "use a key from a live registration and stay inside its range "
-                   "with the access it grants");
-}
-
-// Checks (addr, len, access) against the registration's own record. On
-// success the caller is counted in slot->active and must Unpin.
+// Checks (addr, len, access) against the registration's own record
+// (core/keyslot.h). On success the caller is counted in slot->active and
+// must Unpin.
 absl::Status PinKey(KeySlot* table, size_t slots, const BlobKey& key, uint64_t addr,
                     size_t len, uint32_t access, KeySlot** pinned) {
-  if (key.slot >= slots || (key.gen & 1) == 0) return KeyError("the key is malformed", addr, len);
-  KeySlot* e = &table[key.slot];
-  e->active.fetch_add(1, std::memory_order_seq_cst);
-  if (e->gen.load(std::memory_order_seq_cst) != key.gen) {
-    e->active.fetch_sub(1, std::memory_order_seq_cst);
-    return KeyError("the registration was released or revoked (stale key)", addr, len);
+  if (key.slot >= slots || (key.gen & 1) == 0) {
+    return RemoteKeyError("the key is malformed", addr, len);
   }
-  uint64_t base = e->addr, size = e->len;
-  if (addr < base || len > size || addr - base > size - len) {
-    e->active.fetch_sub(1, std::memory_order_seq_cst);
-    return KeyError("the range lies outside the registered region", addr, len);
+  if (absl::Status st = PinKeySlot(&table[key.slot], key.gen, addr, len, access); !st.ok()) {
+    return st;
   }
-  if ((e->access & access) != access) {
-    e->active.fetch_sub(1, std::memory_order_seq_cst);
-    return KeyError("the registration does not grant this access", addr, len);
-  }
-  *pinned = e;
+  *pinned = &table[key.slot];
   return absl::OkStatus();
 }
 
-void Unpin(KeySlot* e) { e->active.fetch_sub(1, std::memory_order_seq_cst); }
+void Unpin(KeySlot* e) { UnpinKeySlot(e); }
 
 uint32_t AccessFor(OpType op) {
   switch (op) {
@@ -1420,22 +1404,13 @@ class UcxFabric final : public Fabric {
                            absl::FunctionRef<void(void*)> fn) override {
     BlobKey key;
     if (!DecodeBlob(rkey, &key) || key.slot >= slots_ || (key.gen & 1) == 0) {
-      return KeyError("the key is malformed", addr, len);
+      return RemoteKeyError("the key is malformed", addr, len);
     }
     PrivateSlot& p = own_[key.slot];
-    p.active.fetch_add(1, std::memory_order_seq_cst);
-    absl::Status st;
-    if (p.gen.load(std::memory_order_seq_cst) != key.gen) {
-      st = KeyError("the registration was released or revoked (stale key)", addr, len);
-    } else if (addr < p.addr || len > p.len || addr - p.addr > p.len - len) {
-      st = KeyError("the range lies outside the registered region", addr, len);
-    } else if ((p.access & access) != access) {
-      st = KeyError("the registration does not grant this access", addr, len);
-    } else {
-      fn(reinterpret_cast<void*>(addr));
-    }
-    p.active.fetch_sub(1, std::memory_order_seq_cst);
-    return st;
+    if (absl::Status st = PinKeySlot(&p, key.gen, addr, len, access); !st.ok()) return st;
+    fn(reinterpret_cast<void*>(addr));
+    UnpinKeySlot(&p);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {

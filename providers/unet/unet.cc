@@ -42,6 +42,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/clock.h"
+#include "core/keyslot.h"
 #include "core/fd.h"
 #include "core/accept.h"
 #include "core/config.h"
@@ -430,42 +431,20 @@ bool DecodeKey(const RemoteKey& key, uint32_t* slot, uint32_t* gen) {
   return true;
 }
 
-absl::Status KeyError(const char* why, uint64_t addr, size_t len) {
-  return MakeError(absl::StatusCode::kPermissionDenied, EACCES,
-                   absl::StrCat("remote access to [0x", absl::Hex(addr), ", +", len,
-                                ") refused: ", why),
-                   "use a key from a live registration and stay inside its range "
-                   "with the access it grants");
-}
-
-// Validates (addr, len, access) against a key-table entry. On success the
-// caller is counted in entry->active and must call Unpin.
+// Validates (addr, len, access) against a key-table entry (core/keyslot.h).
+// On success the caller is counted in entry->active and must call Unpin.
 absl::Status PinKey(KeySlot* table, uint32_t slots, const RemoteKey& key, uint64_t addr,
                     size_t len, uint32_t access, KeySlot** pinned) {
   uint32_t slot, gen;
   if (!DecodeKey(key, &slot, &gen) || slot >= slots || (gen & 1) == 0) {
-    return KeyError("the key is malformed", addr, len);
+    return RemoteKeyError("the key is malformed", addr, len);
   }
-  KeySlot* e = &table[slot];
-  e->active.fetch_add(1, std::memory_order_seq_cst);
-  if (e->gen.load(std::memory_order_seq_cst) != gen) {
-    e->active.fetch_sub(1, std::memory_order_seq_cst);
-    return KeyError("the registration was released or revoked (stale key)", addr, len);
-  }
-  uint64_t base = e->addr, size = e->len;
-  if (addr < base || len > size || addr - base > size - len) {
-    e->active.fetch_sub(1, std::memory_order_seq_cst);
-    return KeyError("the range lies outside the registered region", addr, len);
-  }
-  if ((e->access & access) != access) {
-    e->active.fetch_sub(1, std::memory_order_seq_cst);
-    return KeyError("the registration does not grant this access", addr, len);
-  }
-  *pinned = e;
+  if (absl::Status st = PinKeySlot(&table[slot], gen, addr, len, access); !st.ok()) return st;
+  *pinned = &table[slot];
   return absl::OkStatus();
 }
 
-void Unpin(KeySlot* e) { e->active.fetch_sub(1, std::memory_order_seq_cst); }
+void Unpin(KeySlot* e) { UnpinKeySlot(e); }
 
 // ------------------------------------------------------------ completion queue
 
@@ -567,22 +546,13 @@ class UnetFabric final : public Fabric {
                            absl::FunctionRef<void(void*)> fn) override {
     uint32_t slot, gen;
     if (!DecodeKey(rkey, &slot, &gen) || slot >= settings_.key_slots || (gen & 1) == 0) {
-      return KeyError("the key is malformed", addr, len);
+      return RemoteKeyError("the key is malformed", addr, len);
     }
     PrivateSlot& p = own_[slot];
-    p.active.fetch_add(1, std::memory_order_seq_cst);
-    absl::Status st;
-    if (p.gen.load(std::memory_order_seq_cst) != gen) {
-      st = KeyError("the registration was released or revoked (stale key)", addr, len);
-    } else if (addr < p.addr || len > p.len || addr - p.addr > p.len - len) {
-      st = KeyError("the range lies outside the registered region", addr, len);
-    } else if ((p.access & access) != access) {
-      st = KeyError("the registration does not grant this access", addr, len);
-    } else {
-      fn(reinterpret_cast<void*>(addr));
-    }
-    p.active.fetch_sub(1, std::memory_order_seq_cst);
-    return st;
+    if (absl::Status st = PinKeySlot(&p, gen, addr, len, access); !st.ok()) return st;
+    fn(reinterpret_cast<void*>(addr));
+    UnpinKeySlot(&p);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {
