@@ -45,8 +45,22 @@ int CopyAddress(const absl::StatusOr<SocketAddress>& a, sockaddr* out, socklen_t
   return 0;
 }
 
-std::vector<iovec> Iov(const void* buf, size_t len) {
-  return {iovec{const_cast<void*>(buf), len}};
+// One buffer as the iovec span Socket::Send/Recv take (on the caller's
+// stack: a vector cost a malloc and a free per call).
+struct OneIov {
+  OneIov(const void* buf, size_t len) : v{const_cast<void*>(buf), len} {}
+  operator std::span<const iovec>() const { return {&v, 1}; }
+  iovec v;
+};
+
+ssize_t SendOn(Socket& s, const void* buf, size_t len, int flags) {
+  auto n = s.Send(OneIov(buf, len), flags);
+  return n.ok() ? static_cast<ssize_t>(*n) : FailSize(n.status());
+}
+
+ssize_t RecvOn(Socket& s, void* buf, size_t len, int flags) {
+  auto n = s.Recv(OneIov(buf, len), flags);
+  return n.ok() ? static_cast<ssize_t>(*n) : FailSize(n.status());
 }
 
 }  // namespace
@@ -120,25 +134,25 @@ int zs_connect(int fd, const sockaddr* addr, socklen_t len) {
 ssize_t zs_send(int fd, const void* buf, size_t len, int flags) {
   auto s = FindSocket(fd);
   if (!s) return ::send(fd, buf, len, flags);
-  auto n = s->Send(zsock::Iov(buf, len), flags);
-  return n.ok() ? static_cast<ssize_t>(*n) : zsock::FailSize(n.status());
+  return zsock::SendOn(*s, buf, len, flags);
 }
 
 ssize_t zs_recv(int fd, void* buf, size_t len, int flags) {
   auto s = FindSocket(fd);
   if (!s) return ::recv(fd, buf, len, flags);
-  auto n = s->Recv(zsock::Iov(buf, len), flags);
-  return n.ok() ? static_cast<ssize_t>(*n) : zsock::FailSize(n.status());
+  return zsock::RecvOn(*s, buf, len, flags);
 }
 
 ssize_t zs_read(int fd, void* buf, size_t len) {
-  if (!FindSocket(fd)) return ::read(fd, buf, len);
-  return zs_recv(fd, buf, len, 0);
+  auto s = FindSocket(fd);
+  if (!s) return ::read(fd, buf, len);
+  return zsock::RecvOn(*s, buf, len, 0);
 }
 
 ssize_t zs_write(int fd, const void* buf, size_t len) {
-  if (!FindSocket(fd)) return ::write(fd, buf, len);
-  return zs_send(fd, buf, len, 0);
+  auto s = FindSocket(fd);
+  if (!s) return ::write(fd, buf, len);
+  return zsock::SendOn(*s, buf, len, 0);
 }
 
 ssize_t zs_writev(int fd, const iovec* iov, int iovcnt) {

@@ -848,4 +848,54 @@ std::string Name(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Providers, Sockets, ::testing::ValuesIn(Params()), Name);
 
+// Each thread remembers its last socket lookups by fd number: a number that
+// another thread closed and that now names a kernel fd (or another zsock
+// socket) must reach its new owner from every thread, not the old socket.
+// In a child: the sockets layer's engine must not be created in the test
+// process, whose later tests fork (an engine does not survive fork).
+TEST(SocketTable, AClosedNumberReachesItsNewOwnerFromEveryThread) {
+  pid_t child = Fork([] {
+    int fd = zs_socket(AF_INET, SOCK_STREAM, 0);
+    CHECK_C(fd >= 0);
+    std::atomic<int> step{0};
+    std::atomic<int> seen_before{-1}, seen_after{-1}, seen_third{-1};
+    std::thread other([&] {
+      seen_before = zs_is_zsock(fd);  // this thread now remembers fd
+      step = 1;
+      while (step.load() != 2) std::this_thread::yield();
+      seen_after = zs_is_zsock(fd);  // a kernel socket now
+      int type = 0;
+      socklen_t len = sizeof(type);
+      // The kernel answers for it: an AF_UNIX datagram socket.
+      if (zs_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_DGRAM) {
+        seen_after = 2;
+      }
+      step = 3;
+      while (step.load() != 4) std::this_thread::yield();
+      seen_third = zs_is_zsock(fd);  // a zsock socket again, if it got the number
+    });
+    while (step.load() != 1) std::this_thread::yield();
+    CHECK_C(zs_close(fd) == 0);
+    int k = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    CHECK_C(k >= 0);
+    if (k != fd) {
+      CHECK_C(dup2(k, fd) == fd);
+      close(k);
+    }
+    step = 2;
+    while (step.load() != 3) std::this_thread::yield();
+    close(fd);
+    int again = zs_socket(AF_INET, SOCK_STREAM, 0);
+    CHECK_C(again >= 0);
+    step = 4;
+    other.join();
+    CHECK_C(seen_before.load() == 1);
+    CHECK_C(seen_after.load() == 0);  // else the other thread saw the closed zsock socket
+    if (again == fd) CHECK_C(seen_third.load() == 1);
+    CHECK_C(zs_close(again) == 0);
+    return 0;
+  });
+  EXPECT_EQ(Reap(child), 0);
+}
+
 }  // namespace
