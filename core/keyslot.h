@@ -40,10 +40,15 @@ absl::Status PinKeySlot(Slot* e, uint32_t gen, uint64_t addr, size_t len, uint32
   const char* why = nullptr;
   if (e->gen.load(std::memory_order_seq_cst) != gen) {
     why = "the registration was released or revoked (stale key)";
-  } else if (addr < e->addr || len > e->len || addr - e->addr > e->len - len) {
-    why = "the range lies outside the registered region";
-  } else if ((e->access & access) != access) {
-    why = "the registration does not grant this access";
+  } else {
+    // One read of each field (the table may be mapped by peers), after the
+    // generation says the registration is the key's.
+    const uint64_t base = e->addr, size = e->len;
+    if (addr < base || len > size || addr - base > size - len) {
+      why = "the range lies outside the registered region";
+    } else if ((e->access & access) != access) {
+      why = "the registration does not grant this access";
+    }
   }
   if (why == nullptr) return absl::OkStatus();
   e->active.fetch_sub(1, std::memory_order_seq_cst);

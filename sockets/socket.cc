@@ -241,20 +241,24 @@ void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
     if (a.ok()) peer_ = *a;
   }
   std::weak_ptr<Socket> weak = weak_from_this();
-  std::weak_ptr<sdp::Connection> weak_conn = conn;
-  conn->SetReadinessCallback([weak, weak_conn](uint32_t r) {
-    auto self = weak.lock();
-    auto c = weak_conn.lock();
-    if (self && c) self->OnReadiness(c.get(), r);
+  // No reference to the connection in the callback: it runs in the
+  // engine's callback batch, and a last reference dropped there would close
+  // the connection inside the batch (which waits for the batch: deadlock).
+  conn->SetReadinessCallback([weak](uint32_t r) {
+    if (auto self = weak.lock()) self->OnReadiness(r);
   });
-  OnReadiness(conn.get(), conn->readiness());
+  {
+    MutexLock rl(&rfd_mu_);
+    watch_ = conn->readiness_watch();
+  }
+  OnReadiness(conn->readiness());
 }
 
 // The mirror only ever turns readiness on here; it is turned off by the
 // call that found nothing to do (MarkUnreadable / MarkUnwritable), so a
 // socket that stays busy costs no system calls (sockets/readiness.h), and,
 // with the watch narrowed to the bits the mirror shows off, no callbacks.
-void Socket::OnReadiness(sdp::Connection* c, uint32_t r) {
+void Socket::OnReadiness(uint32_t r) {
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
   if (r & (sdp::kError | sdp::kHup)) {
@@ -264,14 +268,16 @@ void Socket::OnReadiness(sdp::Connection* c, uint32_t r) {
     if (r & sdp::kReadable) rfd_->SetReadable(true);
     if (r & sdp::kWritable) rfd_->SetWritable(true);
   }
-  WatchLocked(c);
+  WatchLocked();
 }
 
-void Socket::WatchLocked(sdp::Connection* c) {
+void Socket::WatchLocked() {
+  if (!watch_ || !rfd_) return;
   uint32_t bits = sdp::kError | sdp::kHup | sdp::kRdHup;
   if (!rfd_->readable()) bits |= sdp::kReadable;
   if (!rfd_->writable()) bits |= sdp::kWritable;
-  c->SetReadinessWatch(bits);
+  // seq_cst: see Engine::NoteReadinessLocked.
+  watch_->store(bits, std::memory_order_seq_cst);
 }
 
 void Socket::MarkUnreadable() {
@@ -283,9 +289,9 @@ void Socket::MarkUnreadable() {
   // Data may have arrived between the failed call and here, unreported
   // (the watch left readable out while the mirror showed it): watch again,
   // then look.
-  WatchLocked(c.get());
+  WatchLocked();
   if (c->readiness() & (sdp::kReadable | sdp::kError | sdp::kHup)) rfd_->SetReadable(true);
-  WatchLocked(c.get());
+  WatchLocked();
 }
 
 void Socket::MarkUnwritable() {
@@ -294,9 +300,9 @@ void Socket::MarkUnwritable() {
   if (!rfd_) return;
   rfd_->SetWritable(false);
   if (!c) return;
-  WatchLocked(c.get());  // as in MarkUnreadable
+  WatchLocked();  // as in MarkUnreadable
   if (c->readiness() & (sdp::kWritable | sdp::kError | sdp::kHup)) rfd_->SetWritable(true);
-  WatchLocked(c.get());
+  WatchLocked();
 }
 
 std::shared_ptr<sdp::Connection> Socket::conn() const {

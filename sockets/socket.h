@@ -97,15 +97,15 @@ class Socket : public std::enable_shared_from_this<Socket> {
       int family, std::unique_ptr<sdp::Connection> conn, int flags);
   void Attach(std::shared_ptr<sdp::Connection> conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The connection's readiness changed (its callback, or Attach).
-  void OnReadiness(sdp::Connection* c, uint32_t r);
+  void OnReadiness(uint32_t r);
   // After a call found nothing to do: clears the mirrored bit unless the
   // connection became ready meanwhile.
   void MarkUnreadable();
   void MarkUnwritable();
-  // Has `c` report changes of the bits the mirror shows off, and of the
-  // ones that end a connection; a bit the mirror shows on is turned off
-  // only by MarkUnreadable/MarkUnwritable, never by a callback.
-  void WatchLocked(sdp::Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rfd_mu_);
+  // Has the connection report changes of the bits the mirror shows off,
+  // and of the ones that end a connection; a bit the mirror shows on is
+  // turned off only by MarkUnreadable/MarkUnwritable, never by a callback.
+  void WatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rfd_mu_);
   sdp::ConnectionOptions OptionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<sdp::Connection> conn() const;
   absl::Status ConnectError(const absl::Status& why, const SocketAddress& to);
@@ -152,6 +152,8 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // The mirrored fd; its own lock, taken by readiness callbacks.
   Mutex rfd_mu_;
   std::unique_ptr<ReadinessFd> rfd_ ABSL_GUARDED_BY(rfd_mu_);
+  // The connection's readiness watch (sdp::Connection::readiness_watch).
+  std::shared_ptr<std::atomic<uint32_t>> watch_ ABSL_GUARDED_BY(rfd_mu_);
 };
 
 // The process's table of zsock sockets by fd number (for the C API and the

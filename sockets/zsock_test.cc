@@ -346,9 +346,11 @@ TEST_P(Sockets, CallSemantics) {
 // no end of stream wakes it) make the fd readable; after a send says
 // EAGAIN, the peer's reading makes it writable. The sockets layer stops
 // hearing about bits its mirror already shows (Connection::
-// SetReadinessWatch), and must start again when it turns one off.
+// readiness_watch), and must start again when it turns one off.
 TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
   constexpr int kRounds = 3;
+  int full[2];  // the client says its send buffer is full
+  ASSERT_EQ(pipe(full), 0);
   RunPair(
       [&](int l) {
         int fd = zs_accept(l, nullptr, nullptr);
@@ -363,9 +365,10 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
           CHECK_C(::poll(&pf, 1, 0) == 0);
           CHECK_C(zs_send(fd, &c, 1, MSG_NOSIGNAL) == 1);  // the client's turn
         }
-        // The client fills its send buffer (a few milliseconds), then waits
-        // for POLLOUT: read everything (blocking) until its end of stream.
-        usleep(300000);
+        // The client fills its send buffer, then waits for POLLOUT: read
+        // everything (blocking) once it is full, until its end of stream.
+        char b = 0;
+        CHECK_C(read(full[0], &b, 1) == 1);
         CHECK_C(zs_fcntl(fd, F_SETFL, 0) == 0);
         std::vector<uint8_t> buf(1 << 16);
         while (zs_recv(fd, buf.data(), buf.size(), 0) > 0) {}
@@ -398,12 +401,17 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
           sent += static_cast<size_t>(k);
           CHECK_C(sent < (size_t{1} << 30));  // a send buffer has an end
         }
+        // (Not checked: that the fd is unwritable now. A provider's send
+        // completion can free a slot and make it writable again by itself.)
         pollfd pf{fd, POLLOUT, 0};
+        CHECK_C(write(full[1], "f", 1) == 1);
         CHECK_C(::poll(&pf, 1, 30000) == 1 && (pf.revents & POLLOUT));
         CHECK_C(zs_shutdown(fd, SHUT_WR) == 0);
         CHECK_C(zs_close(fd) == 0);
         return 0;
       });
+  close(full[0]);
+  close(full[1]);
 }
 
 // SO_RCVTIMEO and SO_SNDTIMEO: a blocked call gives up with EAGAIN, not
@@ -413,6 +421,8 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
 TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
   constexpr int kTimeoutMs = 100;
   const auto elapsed_ms = [](absl::Time t0) { return absl::ToDoubleMilliseconds(absl::Now() - t0); };
+  int done[2];  // the client says a send has timed out
+  ASSERT_EQ(pipe(done), 0);
   RunPair(
       [&](int l) {
         int fd = zs_accept(l, nullptr, nullptr);
@@ -429,7 +439,8 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
         double ms = elapsed_ms(t0);
         CHECK_C(ms >= kTimeoutMs && ms < 20000);
         CHECK_C(zs_send(fd, "g", 1, MSG_NOSIGNAL) == 1);  // the client may fill now
-        usleep(1000000);  // reading nothing meanwhile: its sends time out
+        char d = 0;  // reading nothing meanwhile: its sends time out
+        CHECK_C(read(done[0], &d, 1) == 1);
         // Then everything the client sent comes, its last byte included.
         std::vector<uint8_t> buf(1 << 16);
         ssize_t k;
@@ -449,7 +460,7 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
         CHECK_C(zs_recv(fd, &c, 1, MSG_WAITALL) == 1 && c == 'g');
         timeval tv{0, kTimeoutMs * 1000};
         CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
-        // The server reads nothing for a second: once the send buffer is
+        // The server reads nothing until told: once the send buffer is
         // full, a send returns what it queued when the timeout expires, and
         // the next one, with nothing queued, says EAGAIN.
         // Chunks below every mode's zero-copy threshold: buffered sends.
@@ -465,6 +476,7 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
           }
         }
         CHECK_C(timed_out);
+        CHECK_C(write(done[1], "d", 1) == 1);
         tv = timeval{0, 0};  // no timeout: wait until the server reads
         CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
         CHECK_C(zs_send(fd, "z", 1, MSG_NOSIGNAL) == 1);
@@ -472,6 +484,8 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
         CHECK_C(zs_close(fd) == 0);
         return 0;
       });
+  close(done[0]);
+  close(done[1]);
 }
 
 // Connecting where nobody listens: ECONNREFUSED, directly or through

@@ -182,11 +182,18 @@ class SdpTest : public ::testing::TestWithParam<Param> {
   }
   ChildSide ChildConnect() { return ChildConnect(Options()); }
   // A child's usual ending: shuts down writing, waits for the parent's end
-  // of stream; returns the child's exit status (0).
-  static int ChildFinish(ChildSide& s) {
-    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+  // of stream; returns the child's exit status (0). A failure names the
+  // caller's line.
+  static int ChildFinish(ChildSide& s, int line = __builtin_LINE()) {
+    if (absl::Status st = s.conn->Shutdown(SHUT_WR); !st.ok()) {
+      ChildFail(line, "ChildFinish: Shutdown(SHUT_WR): " + st.ToString());
+    }
     char b;
-    CHILD_CHECK(s.conn->Recv(&b, 1, 0, Deadline()).value_or(1) == 0);
+    auto r = s.conn->Recv(&b, 1, 0, Deadline());
+    if (!r.ok() || *r != 0) {
+      ChildFail(line, "ChildFinish: expected the parent's end of stream, got " +
+                          (r.ok() ? std::to_string(*r) + " bytes" : r.status().ToString()));
+    }
     return 0;
   }
 

@@ -230,8 +230,9 @@ struct ConnState {
   std::shared_ptr<std::function<void(uint32_t)>> callback;
   uint32_t last_readiness = 0;
   // Readiness bits whose changes fire `callback` (Connection::
-  // SetReadinessWatch); written without the engine lock.
-  std::atomic<uint32_t> watch{~0u};
+  // readiness_watch); shared with the caller, who writes it without the
+  // engine lock.
+  std::shared_ptr<std::atomic<uint32_t>> watch = std::make_shared<std::atomic<uint32_t>>(~0u);
 
   // ---- protocol (connection.cc), engine mutex held ----
   absl::Status Init();

@@ -1709,16 +1709,16 @@ void Connection::SetReadinessCallback(std::function<void(uint32_t)> cb) {
     state_->callback =
         cb ? std::make_shared<std::function<void(uint32_t)>>(std::move(cb)) : nullptr;
     state_->last_readiness = ~0u;  // fire once with the current state
-    state_->watch.store(~0u, std::memory_order_seq_cst);
+    state_->watch = std::make_shared<std::atomic<uint32_t>>(~0u);
     engine_->NoteReadinessLocked(state_);
   }
   engine_->RunCallbacks(/*sync=*/true);
 }
 
-void Connection::SetReadinessWatch(uint32_t bits) {
-  // seq_cst: ordered before the caller's next readiness(), whose engine
-  // lock then orders it before every later NoteReadinessLocked.
-  if (state_ != nullptr) state_->watch.store(bits, std::memory_order_seq_cst);
+std::shared_ptr<std::atomic<uint32_t>> Connection::readiness_watch() const {
+  if (state_ == nullptr) return nullptr;
+  MutexLock lock(&engine_->mu_);
+  return state_->watch;
 }
 
 ConnectionStats Connection::stats() const {

@@ -28,6 +28,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -152,14 +153,16 @@ class Connection {
   // Called (outside engine locks, from whichever thread made progress) with
   // the new readiness each time it changes. Replaces any previous callback.
   void SetReadinessCallback(std::function<void(uint32_t)> cb);
-  // Limits the callback to changes of `bits` (every bit until this is
-  // called; SetReadinessCallback watches every bit again). For a caller
-  // that mirrors readiness and turns its mirror's bits off itself, as the
-  // sockets layer does: it watches only the bits its mirror shows off, so a
-  // busy connection (readable at every message) fires no callback per
-  // message. A change made before a bit is watched again is not reported:
-  // widen the watch first, then read readiness(). No lock is taken.
-  void SetReadinessWatch(uint32_t bits);
+  // The readiness bits whose changes fire the callback (every bit at
+  // first; SetReadinessCallback starts a new watch of every bit). For a
+  // caller that mirrors readiness and turns its mirror's bits off itself,
+  // as the sockets layer does: it watches only the bits its mirror shows
+  // off, so a busy connection (readable at every message) fires no callback
+  // per message. A change made before a bit is watched again is not
+  // reported: widen the watch first, then read readiness(). The handle
+  // stays valid after the connection is closed (the callback needs no
+  // reference to the connection to narrow it); null once closed.
+  std::shared_ptr<std::atomic<uint32_t>> readiness_watch() const;
 
   ConnectionStats stats() const;
   // Whether this side may send asynchronously (AZ-SDP): both sides were in

@@ -229,7 +229,9 @@ void Engine::NoteReadinessLocked(ConnState* c) {
   const uint32_t last = c->last_readiness;
   if (r == last) return;
   c->last_readiness = r;
-  if (c->callback && ((r ^ last) & c->watch.load(std::memory_order_seq_cst)) != 0) {
+  // seq_cst: a watch widened before the widener reads readiness() (under
+  // mu_) is seen here, or that read sees this change.
+  if (c->callback && ((r ^ last) & c->watch->load(std::memory_order_seq_cst)) != 0) {
     callbacks_.push_back({c->callback, r});
     callbacks_pending_.store(true, std::memory_order_relaxed);
   }
