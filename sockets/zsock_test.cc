@@ -100,6 +100,16 @@ int ConnectTo(uint16_t port) {
   return fd;
 }
 
+// A pipe both children of a test inherit, for a one-byte go-ahead.
+struct TestPipe {
+  TestPipe() { CHECK_C(pipe(fd) == 0); }
+  ~TestPipe() {
+    close(fd[0]);
+    close(fd[1]);
+  }
+  int fd[2] = {-1, -1};
+};
+
 pid_t Fork(std::function<int()> body) {
   return zsock::testutil::SpawnChild(std::move(body), absl::Seconds(150));
 }
@@ -349,8 +359,7 @@ TEST_P(Sockets, CallSemantics) {
 // readiness_watch), and must start again when it turns one off.
 TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
   constexpr int kRounds = 3;
-  int full[2];  // the client says its send buffer is full
-  ASSERT_EQ(pipe(full), 0);
+  TestPipe full;  // the client says its send buffer is full
   RunPair(
       [&](int l) {
         int fd = zs_accept(l, nullptr, nullptr);
@@ -368,7 +377,7 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
         // The client fills its send buffer, then waits for POLLOUT: read
         // everything (blocking) once it is full, until its end of stream.
         char b = 0;
-        CHECK_C(read(full[0], &b, 1) == 1);
+        CHECK_C(read(full.fd[0], &b, 1) == 1);
         CHECK_C(zs_fcntl(fd, F_SETFL, 0) == 0);
         std::vector<uint8_t> buf(1 << 16);
         while (zs_recv(fd, buf.data(), buf.size(), 0) > 0) {}
@@ -377,10 +386,7 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
         return 0;
       },
       [&](uint16_t port) {
-        int fd = zs_socket(AF_INET, SOCK_STREAM, 0);
-        CHECK_C(fd >= 0);
-        sockaddr_in a = Loopback(port);
-        CHECK_C(zs_connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+        int fd = ConnectTo(port);
         for (int round = 0; round < kRounds; ++round) {
           const char c = static_cast<char>('a' + round);
           CHECK_C(zs_send(fd, &c, 1, MSG_NOSIGNAL) == 1);
@@ -404,14 +410,12 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
         // (Not checked: that the fd is unwritable now. A provider's send
         // completion can free a slot and make it writable again by itself.)
         pollfd pf{fd, POLLOUT, 0};
-        CHECK_C(write(full[1], "f", 1) == 1);
+        CHECK_C(write(full.fd[1], "f", 1) == 1);
         CHECK_C(::poll(&pf, 1, 30000) == 1 && (pf.revents & POLLOUT));
         CHECK_C(zs_shutdown(fd, SHUT_WR) == 0);
         CHECK_C(zs_close(fd) == 0);
         return 0;
       });
-  close(full[0]);
-  close(full[1]);
 }
 
 // SO_RCVTIMEO and SO_SNDTIMEO: a blocked call gives up with EAGAIN, not
@@ -421,8 +425,7 @@ TEST_P(Sockets, PollFollowsEveryReadinessTransition) {
 TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
   constexpr int kTimeoutMs = 100;
   const auto elapsed_ms = [](absl::Time t0) { return absl::ToDoubleMilliseconds(absl::Now() - t0); };
-  int done[2];  // the client says a send has timed out
-  ASSERT_EQ(pipe(done), 0);
+  TestPipe done;  // the client says a send has timed out
   RunPair(
       [&](int l) {
         int fd = zs_accept(l, nullptr, nullptr);
@@ -440,7 +443,7 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
         CHECK_C(ms >= kTimeoutMs && ms < 20000);
         CHECK_C(zs_send(fd, "g", 1, MSG_NOSIGNAL) == 1);  // the client may fill now
         char d = 0;  // reading nothing meanwhile: its sends time out
-        CHECK_C(read(done[0], &d, 1) == 1);
+        CHECK_C(read(done.fd[0], &d, 1) == 1);
         // Then everything the client sent comes, its last byte included.
         std::vector<uint8_t> buf(1 << 16);
         ssize_t k;
@@ -452,10 +455,7 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
         return 0;
       },
       [&](uint16_t port) {
-        int fd = zs_socket(AF_INET, SOCK_STREAM, 0);
-        CHECK_C(fd >= 0);
-        sockaddr_in a = Loopback(port);
-        CHECK_C(zs_connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+        int fd = ConnectTo(port);
         char c = 0;
         CHECK_C(zs_recv(fd, &c, 1, MSG_WAITALL) == 1 && c == 'g');
         timeval tv{0, kTimeoutMs * 1000};
@@ -476,7 +476,7 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
           }
         }
         CHECK_C(timed_out);
-        CHECK_C(write(done[1], "d", 1) == 1);
+        CHECK_C(write(done.fd[1], "d", 1) == 1);
         tv = timeval{0, 0};  // no timeout: wait until the server reads
         CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
         CHECK_C(zs_send(fd, "z", 1, MSG_NOSIGNAL) == 1);
@@ -484,8 +484,6 @@ TEST_P(Sockets, TimeoutsExpireNoEarlierThanAsked) {
         CHECK_C(zs_close(fd) == 0);
         return 0;
       });
-  close(done[0]);
-  close(done[1]);
 }
 
 // Connecting where nobody listens: ECONNREFUSED, directly or through
