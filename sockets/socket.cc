@@ -280,28 +280,28 @@ void Socket::WatchLocked() {
   watch_->store(bits, std::memory_order_seq_cst);
 }
 
-void Socket::MarkUnreadable() {
-  auto c = conn();
-  MutexLock lock(&rfd_mu_);
-  if (!rfd_) return;
-  rfd_->SetReadable(false);
-  if (!c) return;
-  // Data may have arrived between the failed call and here, unreported
-  // (the watch left readable out while the mirror showed it): watch again,
-  // then look.
-  WatchLocked();
-  if (c->readiness() & (sdp::kReadable | sdp::kError | sdp::kHup)) rfd_->SetReadable(true);
-  WatchLocked();
-}
+void Socket::MarkUnreadable() { MarkNotReady(sdp::kReadable); }
 
-void Socket::MarkUnwritable() {
+void Socket::MarkUnwritable() { MarkNotReady(sdp::kWritable); }
+
+void Socket::MarkNotReady(uint32_t bit) {
   auto c = conn();
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
-  rfd_->SetWritable(false);
+  const auto set = [&](bool on) {
+    if (bit == sdp::kReadable) {
+      rfd_->SetReadable(on);
+    } else {
+      rfd_->SetWritable(on);
+    }
+  };
+  set(false);
   if (!c) return;
-  WatchLocked();  // as in MarkUnreadable
-  if (c->readiness() & (sdp::kWritable | sdp::kError | sdp::kHup)) rfd_->SetWritable(true);
+  // The connection may have become ready between the failed call and here,
+  // unreported (the watch left the bit out while the mirror showed it):
+  // watch again, then look.
+  WatchLocked();
+  if (c->readiness() & (bit | sdp::kError | sdp::kHup)) set(true);
   WatchLocked();
 }
 

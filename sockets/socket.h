@@ -102,6 +102,8 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // connection became ready meanwhile.
   void MarkUnreadable();
   void MarkUnwritable();
+  // Both: `bit` is sdp::kReadable or sdp::kWritable.
+  void MarkNotReady(uint32_t bit);
   // Has the connection report changes of the bits the mirror shows off,
   // and of the ones that end a connection; a bit the mirror shows on is
   // turned off only by MarkUnreadable/MarkUnwritable, never by a callback.

@@ -53,13 +53,8 @@ struct OneIov {
   iovec v;
 };
 
-ssize_t SendOn(Socket& s, const void* buf, size_t len, int flags) {
-  auto n = s.Send(OneIov(buf, len), flags);
-  return n.ok() ? static_cast<ssize_t>(*n) : FailSize(n.status());
-}
-
-ssize_t RecvOn(Socket& s, void* buf, size_t len, int flags) {
-  auto n = s.Recv(OneIov(buf, len), flags);
+// A byte count, or -1 with errno set.
+ssize_t Count(const absl::StatusOr<size_t>& n) {
   return n.ok() ? static_cast<ssize_t>(*n) : FailSize(n.status());
 }
 
@@ -134,25 +129,25 @@ int zs_connect(int fd, const sockaddr* addr, socklen_t len) {
 ssize_t zs_send(int fd, const void* buf, size_t len, int flags) {
   auto s = FindSocket(fd);
   if (!s) return ::send(fd, buf, len, flags);
-  return zsock::SendOn(*s, buf, len, flags);
+  return zsock::Count(s->Send(zsock::OneIov(buf, len), flags));
 }
 
 ssize_t zs_recv(int fd, void* buf, size_t len, int flags) {
   auto s = FindSocket(fd);
   if (!s) return ::recv(fd, buf, len, flags);
-  return zsock::RecvOn(*s, buf, len, flags);
+  return zsock::Count(s->Recv(zsock::OneIov(buf, len), flags));
 }
 
 ssize_t zs_read(int fd, void* buf, size_t len) {
   auto s = FindSocket(fd);
   if (!s) return ::read(fd, buf, len);
-  return zsock::RecvOn(*s, buf, len, 0);
+  return zsock::Count(s->Recv(zsock::OneIov(buf, len), 0));
 }
 
 ssize_t zs_write(int fd, const void* buf, size_t len) {
   auto s = FindSocket(fd);
   if (!s) return ::write(fd, buf, len);
-  return zsock::SendOn(*s, buf, len, 0);
+  return zsock::Count(s->Send(zsock::OneIov(buf, len), 0));
 }
 
 ssize_t zs_writev(int fd, const iovec* iov, int iovcnt) {
@@ -162,8 +157,7 @@ ssize_t zs_writev(int fd, const iovec* iov, int iovcnt) {
     errno = EINVAL;
     return -1;
   }
-  auto n = s->Send(std::span<const iovec>(iov, static_cast<size_t>(iovcnt)), 0);
-  return n.ok() ? static_cast<ssize_t>(*n) : zsock::FailSize(n.status());
+  return zsock::Count(s->Send(std::span<const iovec>(iov, static_cast<size_t>(iovcnt)), 0));
 }
 
 ssize_t zs_readv(int fd, const iovec* iov, int iovcnt) {
@@ -173,8 +167,7 @@ ssize_t zs_readv(int fd, const iovec* iov, int iovcnt) {
     errno = EINVAL;
     return -1;
   }
-  auto n = s->Recv(std::span<const iovec>(iov, static_cast<size_t>(iovcnt)), 0);
-  return n.ok() ? static_cast<ssize_t>(*n) : zsock::FailSize(n.status());
+  return zsock::Count(s->Recv(std::span<const iovec>(iov, static_cast<size_t>(iovcnt)), 0));
 }
 
 ssize_t zs_sendmsg(int fd, const msghdr* msg, int flags) {
@@ -185,8 +178,7 @@ ssize_t zs_sendmsg(int fd, const msghdr* msg, int flags) {
     return -1;
   }
   // A stream socket ignores msg_name (as TCP does) and has no control data.
-  auto n = s->Send(std::span<const iovec>(msg->msg_iov, msg->msg_iovlen), flags);
-  return n.ok() ? static_cast<ssize_t>(*n) : zsock::FailSize(n.status());
+  return zsock::Count(s->Send(std::span<const iovec>(msg->msg_iov, msg->msg_iovlen), flags));
 }
 
 ssize_t zs_recvmsg(int fd, msghdr* msg, int flags) {

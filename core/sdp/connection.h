@@ -27,8 +27,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
