@@ -687,6 +687,28 @@ struct Op {
   uint64_t* result = nullptr;  // native atomics: where the old value goes
   uint64_t value = 0;          // native atomics: addend / compare value
   uint64_t reply = 0;          // native atomics: swap value in, old value out
+
+  // Back to the state of a new Op of the same kind, for Worker's free list
+  // (user sends and receives). Field by field: `*this = Op{kind}` built,
+  // moved and destroyed a whole Op, a tenth of a 64-byte ping-pong's
+  // one-way time over shared memory.
+  void Recycle() {
+    core.reset();
+    worker = nullptr;
+    op = OpType::kSend;
+    context = 0;
+    length = 0;
+    request = nullptr;
+    ucx_busy = posting = completed = done = reported = false;
+    ucx_status = UCS_OK;
+    if (!status.ok()) status = absl::OkStatus();
+    info = {};
+    owned.clear();
+    control_in.reset();
+    pinned = nullptr;
+    result = nullptr;
+    value = reply = 0;
+  }
 };
 
 // Parsed from ucp_ep_print_info: "lane[1]:  0:posix/memory.0 md[0] -> ... amo#0 am".
@@ -857,7 +879,8 @@ class Worker {
 
   // Drives UCX and receives control messages; handles endpoints UCX
   // reported failed. Returns the events handled.
-  size_t ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // `now` is the coarse clock (CoarseNowNs), read once per CQ progress.
+  size_t ProgressLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   enum class Arm {
     kArmed,     // asleep on the wakeup fd until an event
     kPending,   // events are pending: progress now
@@ -869,8 +892,9 @@ class Worker {
   // the last progress found nothing, the caller sleeps with a timer
   // instead of spinning.
   Arm ArmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!inline_done_.empty()) return Arm::kPending;  // the next progress reports them
     // An unprobed control message does not keep UCX busy: look before sleeping.
-    if (DrainControlLocked() > 0) return Arm::kPending;
+    if (DrainControlLocked(CoarseNowNs()) > 0) return Arm::kPending;
     if (control_backlog_ || !failed_.empty()) return Arm::kPending;
     ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_OK) return Arm::kArmed;
@@ -902,7 +926,31 @@ class Worker {
       delete op;
       return;
     }
-    *op = Op{op->kind};  // drops the endpoint reference, status and buffers
+    op->Recycle();
+    free_ops_.push_back(op);
+  }
+
+  // A user send UCX finished inside ucp_tag_send_nbx (small messages over
+  // shared memory and tcp usually are): its completion waits here, under
+  // the mutex the send holds anyway, for the next progress of any CQ on
+  // this worker (ReportInlineLocked), which hands it straight to a polling
+  // caller. Reporting it at once from Send took the CQ's own lock and
+  // queue, and that poll a second lock: a tenth of a 64-byte ping-pong.
+  // Wakes the CQ's sleeper: its ArmLocked, under this mutex, either saw
+  // the entry or set armed_ before we look.
+  void DeferInlineLocked(UcxCq* cq, Completion c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Reports the deferred completions, oldest first. Every other report
+  // calls it first (ReportLocked), so an endpoint's sends stay in order.
+  size_t ReportInlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Takes back an Op a send did not need (UCX finished it inside the call),
+  // untouched but for the fields Submit sets.
+  // A CQ going away: its deferred completions have no reader.
+  void ForgetCqLocked(UcxCq* cq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::erase_if(inline_done_, [cq](const auto& e) { return e.first == cq; });
+  }
+  void RecycleUnusedOpLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    op->completed = false;
+    op->ucx_status = UCS_OK;
     free_ops_.push_back(op);
   }
 
@@ -916,7 +964,7 @@ class Worker {
   Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd, std::string name)
       : ctx_(std::move(ctx)), worker_(w), efd_(efd), name_(std::move(name)) {}
 
-  size_t DrainControlLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  size_t DrainControlLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   std::shared_ptr<Context> ctx_;
   ucp_worker_h worker_;
@@ -933,6 +981,7 @@ class Worker {
   std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);
   static constexpr size_t kMaxFreeOps = 64;
   std::vector<Op*> free_ops_ ABSL_GUARDED_BY(mu);
+  std::vector<std::pair<UcxCq*, Completion>> inline_done_ ABSL_GUARDED_BY(mu);
 };
 
 // The completion queue: an epoll set (its wait_fd) holding the workers'
@@ -957,6 +1006,8 @@ class UcxCq final : public CompletionQueue {
   // Service(): the next Progress looks (a busy poll with nothing noted
   // takes neither mu_ nor the endpoints' worker mutexes).
   void NoteService() { service_pending_.store(true, std::memory_order_release); }
+  // Whether a waiter may sleep on wait_fd (Worker::DeferInlineLocked).
+  bool armed_relaxed() const { return armed_.load(std::memory_order_relaxed); }
   void WakeWaiter() {
     uint64_t one = 1;
     ssize_t rc = ::write(event_.get(), &one, sizeof(one));
@@ -1101,6 +1152,7 @@ absl::Status OpStatus(EpCore* c, ucs_status_t st, OpType op) {
 void ReportLocked(EpCore* c, Op* op) {
   op->reported = true;
   if (c->ep == nullptr || c->cq == nullptr) return;
+  c->worker->ReportInlineLocked();  // earlier sends first
   Completion comp;
   comp.context = op->context;
   comp.op = op->op;
@@ -1177,7 +1229,10 @@ void CloseUcpEpLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu)
   w->CloseEpLocked(ep);
 }
 
-size_t Worker::ProgressLocked() {
+size_t Worker::ProgressLocked(int64_t now) {
+  // Sends finished inside their ucp_tag_send_nbx, before what this
+  // progress finds.
+  size_t reported = ReportInlineLocked();
   // One ucp_worker_progress call (it handles a batch): when it found
   // something, the caller gets it now, and the rest (more progress, the
   // control probe) waits for the next call: a ping-pong's reply is then
@@ -1188,12 +1243,11 @@ size_t Worker::ProgressLocked() {
   // idle busy poll (a tenth of its cost), but at least once per coarse tick
   // (UCX may also progress inside other calls, and a stream keeps finding
   // something), and always before arming (ArmLocked).
-  const int64_t now = CoarseNowNs();
   if (n > 0) {
     probe_due_ = true;
-    if (now - last_probe_ns_ >= kProbeIntervalNs) n += DrainControlLocked();
+    if (now - last_probe_ns_ >= kProbeIntervalNs) n += DrainControlLocked(now);
   } else if (probe_due_ || control_backlog_ || now - last_probe_ns_ >= kProbeIntervalNs) {
-    n += DrainControlLocked();
+    n += DrainControlLocked(now);
   }
   while (!failed_.empty()) {
     auto [core, st] = failed_.back();
@@ -1205,7 +1259,26 @@ size_t Worker::ProgressLocked() {
                         "reconnect; data the peer sent before it failed was delivered"));
     ++n;
   }
+  n += reported;
   last_progress_ = n;
+  return n;
+}
+
+void Worker::DeferInlineLocked(UcxCq* cq, Completion c) {
+  inline_done_.emplace_back(cq, std::move(c));
+  if (cq->armed_relaxed() && !cq->IsProgressingHere()) cq->WakeWaiter();
+}
+
+size_t Worker::ReportInlineLocked() {
+  if (inline_done_.empty()) return 0;
+  const size_t n = inline_done_.size();
+  // Deliver may not re-enter (Push only queues or hands over), but keep
+  // the list consistent whatever it does.
+  std::vector<std::pair<UcxCq*, Completion>> done;
+  done.swap(inline_done_);
+  for (auto& [cq, c] : done) cq->Deliver(std::move(c));
+  done.clear();
+  if (inline_done_.empty()) inline_done_.swap(done);  // keep the capacity
   return n;
 }
 
@@ -1213,11 +1286,11 @@ size_t Worker::ProgressLocked() {
 // endpoint's exact tag keeps this cheap: UCX finds fully masked tags by
 // hash, while a wildcard probe scans every unexpected message (user
 // messages nobody has posted a receive for yet included).
-size_t Worker::DrainControlLocked() {
+size_t Worker::DrainControlLocked(int64_t now) {
   size_t n = 0;
   control_backlog_ = false;
   probe_due_ = false;
-  last_probe_ns_ = CoarseNowNs();
+  last_probe_ns_ = now;
   for (auto& [id, core] : eps) {
     if (core->closed) continue;
     for (int i = 0;; ++i) {
@@ -1276,7 +1349,7 @@ void Worker::FailLocked(EpCore* c, const absl::Status& why) {
     // Deliver what the peer sent before it went away.
     for (int i = 0; i < 256 && ucp_worker_progress(worker_) > 0; ++i) {
     }
-    DrainControlLocked();
+    DrainControlLocked(CoarseNowNs());
   }
   CancelRecvsLocked(this, c);
   CloseUcpEpLocked(this, c);
@@ -1688,26 +1761,39 @@ class UcxEndpoint final : public Endpoint {
                        "split the message");
     }
     EpCore* c = core_.get();
-    MutexLock lock(&c->worker->mu);
+    Worker* w = c->worker;
+    MutexLock lock(&w->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
-    auto* op = c->worker->NewOpLocked(Op::Kind::kUserSend);
-    op->core = core_;
-    op->op = OpType::kSend;
-    op->context = context;
-    op->length = len;
+    auto* op = w->NewOpLocked(Op::Kind::kUserSend);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = OnSend;
     p.user_data = op;
-    c->sends.push_back(op);
+    // Callbacks do not settle an op during its call (Submit), so the op
+    // joins the endpoint's queue only once UCX has kept it.
     ucs_status_t st =
         Submit(op, [&] { return ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &p); });
     if (st != UCS_OK) {
-      c->sends.pop_back();
-      delete op;
+      w->RecycleUnusedOpLocked(op);
       return UcsError(st, "ucx send failed");
     }
+    if (op->completed && op->ucx_status == UCS_OK && c->sends.empty()) {
+      // Finished inside the call, nothing of this endpoint ahead of it.
+      w->RecycleUnusedOpLocked(op);
+      Completion done;
+      done.context = context;
+      done.op = OpType::kSend;
+      done.length = len;
+      done.endpoint = this;
+      w->DeferInlineLocked(cq_, std::move(done));
+      return absl::OkStatus();
+    }
+    op->core = core_;
+    op->op = OpType::kSend;
+    op->context = context;
+    op->length = len;
+    c->sends.push_back(op);
     if (op->completed) SettleLocked(op);
     return absl::OkStatus();
   }
@@ -1826,6 +1912,7 @@ class UcxEndpoint final : public Endpoint {
       if (c->closed) return;
       c->closed = true;
       c->fail_emulated = false;
+      c->worker->ReportInlineLocked();  // sends that finished before the close
       CancelRecvsLocked(c->worker, c);
       CloseUcpEpLocked(c->worker, c);
       FailRemainingLocked(c, ClosedCancel());
@@ -2018,7 +2105,13 @@ absl::StatusOr<std::unique_ptr<UcxCq>> UcxCq::Create(UcxFabric* fabric) {
   return cq;
 }
 
-UcxCq::~UcxCq() { fabric_->RemoveCq(this); }
+UcxCq::~UcxCq() {
+  fabric_->RemoveCq(this);
+  fabric_->ForEachLiveWorker([this](Worker* w) {
+    MutexLock lock(&w->mu);
+    w->ForgetCqLocked(this);
+  });
+}
 
 void UcxCq::Attach(UcxEndpoint* ep, int sock) {
   epoll_event ev{};
@@ -2042,16 +2135,16 @@ size_t UcxCq::Progress() {
   // A plain load first: a busy poll costs no locked store here.
   if (pushed_.load(std::memory_order_relaxed)) pushed_.store(false, std::memory_order_seq_cst);
   size_t n = 0;
-  fabric_->ForEachLiveWorker([&n](Worker* w) {
+  const int64_t now = CoarseNowNs();
+  fabric_->ForEachLiveWorker([&n, now](Worker* w) {
     MutexLock lock(&w->mu);
-    n += w->ProgressLocked();
+    n += w->ProgressLocked(now);
   });
   // The connection sockets only signal a peer's end, and looking at them
   // costs a system call: a busy poller (ping-pong) looks once per tick of
   // the coarse clock (a few ms; reading it costs no system call), a waiter
   // after every wakeup (ClearWakeup, ArmProvider). The endpoints are
   // serviced then too, and whenever one noted work (NoteService).
-  const int64_t now = CoarseNowNs();
   const bool socks = (check_socks_.load(std::memory_order_relaxed) &&
                       check_socks_.exchange(false, std::memory_order_relaxed)) ||
                      now - last_sock_check_.load(std::memory_order_relaxed) >= kSocketCheckNs;
