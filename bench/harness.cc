@@ -37,6 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/clock.h"
 #include "core/config.h"
 #include "core/provider.h"
 #include "core/status.h"
@@ -560,11 +561,8 @@ void WriteFrame(char type, const void* payload, size_t len) {
 
 std::string Errno(int err) { return std::strerror(err); }
 
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
+// Timestamps: NowNs from bench/clock.h (the TSC where invariant; the same
+// clock for zsock and the kernel TCP baseline).
 
 int TimeoutMs() {
   return static_cast<int>(
@@ -1270,6 +1268,7 @@ absl::StatusOr<Child> Spawn(const Options& opt, const Run& run, std::string role
                             void (*body)()) {
   int p[2];
   if (pipe(p) != 0) return ErrnoError(errno, "pipe for a benchmark process failed");
+  bench::Calibrate();  // once, in the parent: every child inherits it
   std::fflush(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();

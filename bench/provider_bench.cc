@@ -4,6 +4,8 @@
 //
 //   bazel run -c opt //bench:provider_bench -- --provider=unet --sizes=8,4096,1048576
 //
+// Timestamps come from bench::NowNs (the TSC where it is invariant, as
+// ucx_perftest's; bench/clock.h says why not absl's clock).
 // One-way latency = round trip / 2 (p50, p99, average), after a tenth as
 // many untimed warm-up round trips. Stream bandwidth is bytes delivered per
 // second with `window` sends outstanding, 10^9 B/s. --wait=spin busy-polls
@@ -39,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/clock.h"
 #include "core/provider.h"
 
 ABSL_FLAG(std::string, provider, "unet", "fabric config string");
@@ -253,7 +256,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     std::vector<double> rtt;
     rtt.reserve(rounds);
     int64_t sends = 0, sent = 0;
-    int64_t prev = absl::GetCurrentTimeNanos();
+    int64_t prev = bench::NowNs();
     for (int i = 0; i < rounds; ++i) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
       ++sends;
@@ -264,7 +267,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
         if (c.op == OpType::kRecv) break;
         ++sent;
       }
-      int64_t now = absl::GetCurrentTimeNanos();
+      int64_t now = bench::NowNs();
       if (i >= warmup) rtt.push_back((now - prev) / 1000.0);
       prev = now;
     }
@@ -273,7 +276,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     }
     int64_t count = StreamCount(size);
     if (!e->PostRecv(in.data(), max, nullptr, 1).ok()) Die("post");
-    int64_t t0 = absl::GetCurrentTimeNanos();
+    int64_t t0 = bench::NowNs();
     int64_t sent_n = 0, done = 0;
     for (; sent_n < std::min<int64_t>(window, count); ++sent_n) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
@@ -288,7 +291,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
         ++sent_n;
       }
     }
-    double secs = (absl::GetCurrentTimeNanos() - t0) / 1e9;
+    double secs = (bench::NowNs() - t0) / 1e9;
     results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
   }
   if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("bye");
@@ -342,16 +345,16 @@ std::vector<Result> TcpClient(int port, const std::vector<size_t>& sizes) {
   for (size_t size : sizes) {
     std::vector<double> rtt;
     for (int i = 0; i < Iters(size); ++i) {
-      int64_t t0 = absl::GetCurrentTimeNanos();
+      int64_t t0 = bench::NowNs();
       FullIo(fd, buf.data(), size, true);
       FullIo(fd, buf.data(), size, false);
-      rtt.push_back((absl::GetCurrentTimeNanos() - t0) / 1000.0);
+      rtt.push_back((bench::NowNs() - t0) / 1000.0);
     }
     int64_t count = StreamCount(size);
-    int64_t t0 = absl::GetCurrentTimeNanos();
+    int64_t t0 = bench::NowNs();
     for (int64_t i = 0; i < count; ++i) FullIo(fd, buf.data(), size, true);
     FullIo(fd, buf.data(), 1, false);
-    double secs = (absl::GetCurrentTimeNanos() - t0) / 1e9;
+    double secs = (bench::NowNs() - t0) / 1e9;
     results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
   }
   ::close(fd);
@@ -386,6 +389,7 @@ std::vector<Result> RunPair(ServerFn server, ClientFn client) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  bench::Calibrate();  // before the forks: the children inherit it
   std::vector<size_t> sizes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
     size_t v;
