@@ -1054,6 +1054,8 @@ class OfiEndpoint final : public Endpoint {
   // Reads this endpoint's completions and retries what met EAGAIN.
   size_t ProgressLocked(CompletionList* out, std::vector<std::vector<uint8_t>>* control)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    // Injected sends first: they were posted before anything drained now.
+    TakeInjectedLocked(out);
     if (fcq_ == nullptr) return 0;
     // drained_'s capacity is reused; it is taken out while completing, in
     // case completing progresses again.
@@ -1095,31 +1097,43 @@ class OfiEndpoint final : public Endpoint {
   }
 
   // A send of at most inject_size bytes (RDM), injected: the provider
-  // copies it out at once, needs no descriptor and reports no completion,
-  // so its one Completion is pushed here (Capabilities::inline_size).
-  // *injected = false when it cannot go now (a backlog to stay behind, or
-  // EAGAIN): the caller posts it normally.
+  // copies it out at once, needs no descriptor and reports no completion.
+  // Its one Completion waits in injected_, under the domain lock held here
+  // anyway, for the next progress of the CQ (ProgressLocked), which hands
+  // it straight to a polling caller: pushed from here it took the CQ's own
+  // lock and queue, and the poll that took it a second lock. ArmProvider
+  // looks at injected_ under the same lock, so WakeSleeper here wakes a
+  // sleeper that missed it. *injected = false when it cannot go now (a
+  // backlog to stay behind, or EAGAIN): the caller posts it normally.
   absl::Status TryInject(const void* buf, size_t len, uint64_t context, bool* injected) {
-    {
-      DomLock lock(&fab_->dom_mu());
-      if (closed_ || dead_) return DownStatusLocked();
-      if (!backlog_.empty()) return absl::OkStatus();
-      ssize_t rc = fi_tinject(ep_, buf, len, peer_, kUserTag);
-      if (rc == -FI_EAGAIN) return absl::OkStatus();
-      if (rc != 0) {
-        return FiError(static_cast<int>(rc), "fi_tinject",
-                       "the provider refused the operation; check sizes");
-      }
-      ++user_sent_ok_;
+    DomLock lock(&fab_->dom_mu());
+    if (closed_ || dead_) return DownStatusLocked();
+    if (!backlog_.empty()) return absl::OkStatus();
+    ssize_t rc = fi_tinject(ep_, buf, len, peer_, kUserTag);
+    if (rc == -FI_EAGAIN) return absl::OkStatus();
+    if (rc != 0) {
+      return FiError(static_cast<int>(rc), "fi_tinject",
+                     "the provider refused the operation; check sizes");
     }
+    ++user_sent_ok_;
     *injected = true;
-    Completion c;
+    Completion& c = injected_.emplace_back();
     c.context = context;
     c.op = OpType::kSend;
     c.endpoint = this;
     c.length = len;
-    cq_->Push(std::move(c));
+    cq_->WakeSleeper();
     return absl::OkStatus();
+  }
+
+  // Whether injected sends wait for ProgressLocked (ArmProvider).
+  bool HasInjectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return !injected_.empty();
+  }
+  void TakeInjectedLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    if (injected_.empty()) return;
+    for (Completion& c : injected_) out->push_back(std::move(c));
+    injected_.clear();
   }
 
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
@@ -1595,7 +1609,8 @@ class OfiEndpoint final : public Endpoint {
     {
       DomLock lock(&fab_->dom_mu());
       if (closed) closed_ = true;
-      if (dead_) return;
+      if (dead_) return;  // nothing injected since: TryInject checks dead_
+      TakeInjectedLocked(&out);  // sent before the end: reported as sent
       dead_ = true;
       dead_status_ = why;
       ZS_LOG(kInfo, "ofi endpoint to %s is down: %s", info_.peer_address, why.ToString());
@@ -1659,6 +1674,7 @@ class OfiEndpoint final : public Endpoint {
   fid_cq* fcq_;  // this endpoint's own fi CQ
   int fcq_fd_;   // its wait fd, or -1
   uint64_t user_sent_ok_ = 0;   // user sends completed successfully
+  CompletionList injected_;     // TryInject's completions, for ProgressLocked (domain lock)
   uint64_t user_received_ = 0;  // user messages consumed by receives
   bool fin_ = false;            // the peer announced its close
   uint64_t fin_count_ = 0;      // ... after sending this many messages
@@ -1742,6 +1758,14 @@ size_t OfiCq::Progress() {
 }
 
 bool OfiCq::ArmProvider() {
+  {
+    // Injected sends wait for the next progress (OfiEndpoint::TryInject,
+    // which wakes a sleeper that armed after this look).
+    DomLock lock(&fabric_->dom_mu());
+    for (OfiEndpoint* ep : endpoints_) {
+      if (ep->HasInjectedLocked()) return false;
+    }
+  }
   if (timer_) {
     int64_t ns = poll_ns_.load(std::memory_order_relaxed);
     poll_ns_.store(std::min(2 * ns, kMaxPollNs), std::memory_order_relaxed);
