@@ -73,6 +73,13 @@ void CompletionQueue::PushAll(std::span<Completion> cs) {
 
 void CompletionQueue::Wake() {
   if (wake_fd_ < 0) return;
+  // A wake-up not yet drained (DrainWake, in Arm) keeps wait_fd readable:
+  // no second write(2). Providers call WakeSleeper for every operation
+  // they finish outside Progress while a thread sleeps; one system call
+  // each was a message stream's main cost beside a sleeping progress
+  // thread. Safe: a drain that consumes the pending wake-up is followed by
+  // ArmProvider's look at the provider's state, which sees our work.
+  if (wake_pending_.load(std::memory_order_acquire)) return;
   wake_pending_.store(true, std::memory_order_release);
   uint64_t one = 1;
   ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
