@@ -850,6 +850,7 @@ class UnetEndpoint final : public Endpoint {
       if (p_.pidfd) cq_->Unwatch(p_.pidfd.get());
       absl::Status why = MakeError(absl::StatusCode::kCancelled, ECANCELED,
                                    "the endpoint was closed", "");
+      failed.swap(sent_done_);  // sent before the close: reported as sent
       FlushLocked(why, &failed);
     }
     for (auto& c : failed) cq_->Push(std::move(c));
@@ -903,7 +904,6 @@ class UnetEndpoint final : public Endpoint {
                        "split the message");
     }
     bool notify = false;
-    Completions done;
     {
       MutexLock lock(&mu_);
       if (closed_) return ClosedError();
@@ -912,11 +912,19 @@ class UnetEndpoint final : public Endpoint {
       if (!ps.owned.empty()) ps.data = ps.owned.data();
       auto& q = type == kControlMsg ? ctlq_ : sendq_;
       q.push_back(std::move(ps));
-      if (q.size() == 1) notify = PushSendsLocked(&done);
+      if (q.size() == 1) {
+        // Sends that reached the peer's ring here report at the CQ's next
+        // progress of this endpoint, which hands them straight to a polling
+        // caller: pushed from here each took the CQ's lock and queue, and
+        // the poll that took it a second lock. ArmAndCheck looks at them
+        // under mu_, so WakeSleeper wakes a sleeper that armed after it.
+        const size_t before = sent_done_.size();
+        notify = PushSendsLocked(&sent_done_);
+        if (sent_done_.size() > before) cq_->WakeSleeper();
+      }
       UpdateHintsLocked();
     }
     if (notify) Notify();
-    for (auto& c : done) cq_->Push(std::move(c));
     return absl::OkStatus();
   }
 
@@ -1153,7 +1161,8 @@ class UnetEndpoint final : public Endpoint {
   }
 
   void UpdateHintsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    hint_busy_.store(!sendq_.empty() || !ctlq_.empty() || dead_, std::memory_order_relaxed);
+    hint_busy_.store(!sendq_.empty() || !ctlq_.empty() || !sent_done_.empty() || dead_,
+                     std::memory_order_relaxed);
     hint_posted_.store(!posted_.empty(), std::memory_order_relaxed);
   }
 
@@ -1384,6 +1393,7 @@ class UnetEndpoint final : public Endpoint {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_sends_failed_ ABSL_GUARDED_BY(mu_) = false;
+  Completions sent_done_ ABSL_GUARDED_BY(mu_);  // Enqueue's completions, for Progress
   bool rx_abandoned_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status dead_status_ ABSL_GUARDED_BY(mu_);
   // Hints read without mu_ by Progress's fast path (an empty poll takes no
@@ -1402,6 +1412,9 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
   {
     MutexLock lock(&mu_);
     if (closed_) return 0;
+    // Sends that completed in Enqueue, ahead of anything found now.
+    n += sent_done_.size();
+    done.swap(sent_done_);
     size_t consumed = 0;
     if (!rx_abandoned_) consumed += DrainControlLocked(&control);
     if (!rx_abandoned_) consumed += DrainUserLocked(&done);
@@ -1452,6 +1465,7 @@ bool UnetEndpoint::ArmAndCheck() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   MutexLock lock(&mu_);
   if (closed_) return false;
+  if (!sent_done_.empty()) return true;
   if (dead_) {
     return !dead_sends_failed_ || !posted_.empty() || (!rx_abandoned_ && rx_ctl_.Peek() != nullptr);
   }
