@@ -1009,6 +1009,10 @@ class UcxCq final : public CompletionQueue {
   // Whether a waiter may sleep on wait_fd (Worker::DeferInlineLocked).
   bool armed_relaxed() const { return armed_.load(std::memory_order_relaxed); }
   void WakeWaiter() {
+    // Written once until Drain reads it (as core's Wake): every send that
+    // finishes inside its call wakes a sleeping waiter.
+    if (wake_pending_.load(std::memory_order_acquire)) return;
+    wake_pending_.store(true, std::memory_order_release);
     uint64_t one = 1;
     ssize_t rc = ::write(event_.get(), &one, sizeof(one));
     (void)rc;  // EAGAIN: the counter is non-zero, the waiter wakes anyway
@@ -1058,6 +1062,7 @@ class UcxCq final : public CompletionQueue {
       : fabric_(fabric), epoll_(std::move(epoll)), socks_(std::move(socks)),
         event_(std::move(event)), timer_(std::move(timer)) {}
   void Drain() {
+    wake_pending_.store(false, std::memory_order_seq_cst);
     uint64_t v;
     while (::read(event_.get(), &v, sizeof(v)) == sizeof(v)) {
     }
@@ -1073,6 +1078,7 @@ class UcxCq final : public CompletionQueue {
   std::atomic<int64_t> backoff_ns_{kMinBackoffNs};
   Mutex mute_mu_;
   std::vector<int> muted_ ABSL_GUARDED_BY(mute_mu_);  // worker fds taken out of epoll_
+  std::atomic<bool> wake_pending_{false};  // event_ written, not yet drained
   std::atomic<bool> pushed_{false};  // delivered from outside Progress since it ran
   std::atomic<bool> armed_{false};   // a waiter may sleep on wait_fd
   std::atomic<bool> check_socks_{true};  // look at the sockets in the next Progress
