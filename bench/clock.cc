@@ -69,8 +69,10 @@ int64_t NowNs() {
   Calibrate();
 #if defined(__x86_64__)
   if (g_cal.tsc) {
-    return g_cal.ns0 +
-           static_cast<int64_t>(static_cast<double>(__rdtsc() - g_cal.tsc0) * g_cal.ns_per_tick);
+    // Signed: another core's TSC may trail the calibrating core's by a few
+    // ticks, and an unsigned difference would wrap.
+    const auto ticks = static_cast<int64_t>(__rdtsc() - g_cal.tsc0);
+    return g_cal.ns0 + static_cast<int64_t>(static_cast<double>(ticks) * g_cal.ns_per_tick);
   }
 #endif
   return MonotonicNs();

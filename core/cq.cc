@@ -77,23 +77,26 @@ void CompletionQueue::Wake() {
   // no second write(2). Providers call WakeSleeper for every operation
   // they finish outside Progress while a thread sleeps; one system call
   // each was a message stream's main cost beside a sleeping progress
-  // thread. Safe: a drain that consumes the pending wake-up is followed by
-  // ArmProvider's look at the provider's state, which sees our work.
-  if (wake_pending_.load(std::memory_order_acquire)) return;
-  wake_pending_.store(true, std::memory_order_release);
+  // thread. Safe: DrainWake clears the flag only after reading the fd, so
+  // a set flag always has a write after the last drain's read; and a
+  // wake-up skipped here while that drain runs is followed by the
+  // drainer's look at the queue (Arm) and the provider (ArmProvider),
+  // under the locks our caller published its work with.
+  if (wake_pending_.load(std::memory_order_seq_cst)) return;
+  wake_pending_.store(true, std::memory_order_seq_cst);
   uint64_t one = 1;
   ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
   (void)rc;  // EAGAIN: the counter is already non-zero
 }
 
 void CompletionQueue::DrainWake() {
-  // A plain load first: the common case (nothing pending) costs no
-  // read-modify-write on a shared line.
-  if (wake_pending_.load(std::memory_order_relaxed) &&
-      wake_pending_.exchange(false, std::memory_order_acq_rel)) {
-    uint64_t v;
-    while (::read(wake_fd_, &v, sizeof(v)) == sizeof(v)) {}
-  }
+  // Read first, then clear (Wake). Always read: a Wake that set the flag
+  // between our read and our clear writes after it, and a drain that
+  // trusted the cleared flag would leave wait_fd readable for good (every
+  // sleep returning at once until the next Wake).
+  uint64_t v;
+  while (::read(wake_fd_, &v, sizeof(v)) == sizeof(v)) {}
+  wake_pending_.store(false, std::memory_order_seq_cst);
 }
 
 size_t CompletionQueue::Poll(std::span<Completion> out) {

@@ -1054,7 +1054,8 @@ class OfiEndpoint final : public Endpoint {
   // Reads this endpoint's completions and retries what met EAGAIN.
   size_t ProgressLocked(CompletionList* out, std::vector<std::vector<uint8_t>>* control)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    // Injected sends first: they were posted before anything drained now.
+    // Injected sends first (a send posted ahead of them by fi_tsend still
+    // reports when libfabric completes it, as before).
     TakeInjectedLocked(out);
     if (fcq_ == nullptr) return 0;
     // drained_'s capacity is reused; it is taken out while completing, in

@@ -1006,13 +1006,11 @@ class UcxCq final : public CompletionQueue {
   // Service(): the next Progress looks (a busy poll with nothing noted
   // takes neither mu_ nor the endpoints' worker mutexes).
   void NoteService() { service_pending_.store(true, std::memory_order_release); }
-  // Whether a waiter may sleep on wait_fd (Worker::DeferInlineLocked).
-  bool armed_relaxed() const { return armed_.load(std::memory_order_relaxed); }
   void WakeWaiter() {
     // Written once until Drain reads it (as core's Wake): every send that
     // finishes inside its call wakes a sleeping waiter.
-    if (wake_pending_.load(std::memory_order_acquire)) return;
-    wake_pending_.store(true, std::memory_order_release);
+    if (wake_pending_.load(std::memory_order_seq_cst)) return;
+    wake_pending_.store(true, std::memory_order_seq_cst);
     uint64_t one = 1;
     ssize_t rc = ::write(event_.get(), &one, sizeof(one));
     (void)rc;  // EAGAIN: the counter is non-zero, the waiter wakes anyway
@@ -1061,11 +1059,12 @@ class UcxCq final : public CompletionQueue {
   UcxCq(UcxFabric* fabric, Fd epoll, Fd socks, Fd event, Fd timer)
       : fabric_(fabric), epoll_(std::move(epoll)), socks_(std::move(socks)),
         event_(std::move(event)), timer_(std::move(timer)) {}
+  // Reads, then clears wake_pending_ (core's DrainWake says why that order).
   void Drain() {
-    wake_pending_.store(false, std::memory_order_seq_cst);
     uint64_t v;
     while (::read(event_.get(), &v, sizeof(v)) == sizeof(v)) {
     }
+    wake_pending_.store(false, std::memory_order_seq_cst);
     while (::read(timer_.get(), &v, sizeof(v)) == sizeof(v)) {
     }
   }
@@ -1272,7 +1271,10 @@ size_t Worker::ProgressLocked(int64_t now) {
 
 void Worker::DeferInlineLocked(UcxCq* cq, Completion c) {
   inline_done_.emplace_back(cq, std::move(c));
-  if (cq->armed_relaxed() && !cq->IsProgressingHere()) cq->WakeWaiter();
+  // Core's wake-up (its armed_ is set before ArmProvider takes this mutex
+  // to look at inline_done_), deduplicated by core; not only the CQ's own
+  // armed_, which any thread's ClearWakeup resets while another sleeps.
+  cq->WakeSleeper();
 }
 
 size_t Worker::ReportInlineLocked() {
