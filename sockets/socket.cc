@@ -38,9 +38,11 @@ bool WouldBlock(const absl::Status& s) {
   return e == EAGAIN || e == EWOULDBLOCK;
 }
 
-absl::Time DeadlineFrom(const timeval& tv) {
+// SO_RCVTIMEO / SO_SNDTIMEO as a deadline that reads the clock only if the
+// call waits (sdp::Deadline says why).
+sdp::Deadline DeadlineFrom(const timeval& tv) {
   if (tv.tv_sec == 0 && tv.tv_usec == 0) return absl::InfiniteFuture();
-  return absl::Now() + absl::DurationFromTimeval(tv);
+  return sdp::Deadline::After(absl::DurationFromTimeval(tv));
 }
 
 // The source address the kernel would use to reach `to` (connect on a UDP
@@ -557,7 +559,7 @@ absl::Status Socket::Connect(const sockaddr* addr, socklen_t len) {
 
 absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
   std::shared_ptr<sdp::Connection> c;
-  absl::Time deadline = absl::InfiniteFuture();
+  sdp::Deadline deadline = absl::InfiniteFuture();
   {
     MutexLock lock(&mu_);
     if (state_ == State::kConnecting) {
@@ -589,7 +591,7 @@ absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
 
 absl::StatusOr<size_t> Socket::Recv(std::span<const iovec> iov, int flags) {
   std::shared_ptr<sdp::Connection> c;
-  absl::Time deadline = absl::InfiniteFuture();
+  sdp::Deadline deadline = absl::InfiniteFuture();
   {
     MutexLock lock(&mu_);
     if (state_ == State::kConnecting && (nonblocking() || (flags & MSG_DONTWAIT))) {

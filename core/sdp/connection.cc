@@ -958,6 +958,11 @@ uint32_t ConnState::ReadinessNow() const {
 
 namespace {
 
+// MSG_DONTWAIT's deadline, an lvalue so that `dontwait ? kNoWait :
+// deadline` refers to the caller's Deadline instead of copying it (a copy
+// would start a relative timeout afresh).
+const Deadline kNoWait{absl::InfinitePast()};
+
 absl::Status Closed() {
   return MakeError(absl::StatusCode::kFailedPrecondition, EBADF, "the connection is closed",
                    "do not use a Connection after Close()");
@@ -990,18 +995,18 @@ Connection::~Connection() {
 }
 
 absl::StatusOr<size_t> Connection::Send(const void* buf, size_t len, int flags,
-                                        absl::Time deadline) {
+                                        Deadline deadline) {
   iovec v{const_cast<void*>(buf), len};
   return Send(std::span<const iovec>(&v, 1), flags, deadline);
 }
 
-absl::StatusOr<size_t> Connection::Recv(void* buf, size_t len, int flags, absl::Time deadline) {
+absl::StatusOr<size_t> Connection::Recv(void* buf, size_t len, int flags, Deadline deadline) {
   iovec v{buf, len};
   return Recv(std::span<const iovec>(&v, 1), flags, deadline);
 }
 
 absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
-                                        absl::Time deadline) {
+                                        Deadline deadline) {
   if (state_ == nullptr) return Closed();
   Engine* e = engine_;
   // A buffer whose receive is still landing (AZ-SDP az_early_recv) is
@@ -1020,7 +1025,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     // the poll would cost it as much as the send itself.
     if (!c->CanPostSmall(iov)) e->ProgressLocked();
     bool dontwait = flags & MSG_DONTWAIT;
-    if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? absl::InfinitePast() : deadline)) {
+    if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? kNoWait : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
     }
     c->send_busy = true;
@@ -1260,7 +1265,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
 }
 
 absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
-                                        absl::Time deadline) {
+                                        Deadline deadline) {
   if (state_ == nullptr) return Closed();
   Engine* e = engine_;
   // A buffer this process is still sending from (AZ-SDP) is read-only, and
@@ -1291,7 +1296,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         return !c->rxq.empty() || c->peer_shut_wr || !c->error.ok() || c->shut_rd;
       };
       e->WaitLocked([&] { return !send_protected() || ready(); },
-                    (flags & MSG_DONTWAIT) ? absl::InfinitePast() : deadline);
+                    (flags & MSG_DONTWAIT) ? kNoWait : deadline);
       receivable = ready();
       // With only an end of stream, a reset or SHUT_RD to report, nothing
       // will be written into the buffer (and no bytes can follow those).
@@ -1327,7 +1332,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     bool dontwait = flags & MSG_DONTWAIT;
     bool peek = flags & MSG_PEEK;
     bool waitall = (flags & MSG_WAITALL) && !peek;
-    if (!e->WaitLocked([&] { return !c->recv_busy; }, dontwait ? absl::InfinitePast() : deadline)) {
+    if (!e->WaitLocked([&] { return !c->recv_busy; }, dontwait ? kNoWait : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
     }
     c->recv_busy = true;

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/sdp/deadline.h"
 #include "core/sdp/wire.h"
 
 namespace zsock::sdp {
@@ -129,16 +130,17 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // flags: MSG_DONTWAIT (and MSG_NOSIGNAL, ignored).
+  // flags: MSG_DONTWAIT (and MSG_NOSIGNAL, ignored). `deadline`: an
+  // absl::Time, or Deadline::After(timeout) (counted from the first wait).
   absl::StatusOr<size_t> Send(std::span<const iovec> iov, int flags = 0,
-                              absl::Time deadline = absl::InfiniteFuture());
+                              Deadline deadline = absl::InfiniteFuture());
   absl::StatusOr<size_t> Send(const void* buf, size_t len, int flags = 0,
-                              absl::Time deadline = absl::InfiniteFuture());
+                              Deadline deadline = absl::InfiniteFuture());
   // flags: MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT.
   absl::StatusOr<size_t> Recv(std::span<const iovec> iov, int flags = 0,
-                              absl::Time deadline = absl::InfiniteFuture());
+                              Deadline deadline = absl::InfiniteFuture());
   absl::StatusOr<size_t> Recv(void* buf, size_t len, int flags = 0,
-                              absl::Time deadline = absl::InfiniteFuture());
+                              Deadline deadline = absl::InfiniteFuture());
 
   // SHUT_WR sends DisconnReq after the queued data (the peer's Recv returns
   // 0 after reading it all); SHUT_RD makes Recv return 0; SHUT_RDWR both.

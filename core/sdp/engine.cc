@@ -307,20 +307,28 @@ void Engine::DispatchLocked(Completion& c) {
 // rather than waiting for the progress thread to hand completions over (a
 // hand-over costs a wake-up on a core the two often share). The poll token
 // keeps their polls in order.
-bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, bool background) {
+bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline,
+                        bool background) {
   for (;;) {
     if (pred()) return true;
     // InfinitePast: do not wait (MSG_DONTWAIT), without reading the clock;
-    // InfiniteFuture: no clock read before the first wait either.
-    if (deadline == absl::InfinitePast()) return false;
-    if (deadline != absl::InfiniteFuture() && absl::Now() >= deadline) return false;
+    // InfiniteFuture: no clock read before the first wait either; a
+    // relative deadline (Deadline::After) starts counting here.
+    if (deadline.no_wait()) return false;
+    if (!deadline.never()) {
+      if (!deadline.resolved()) {
+        deadline.Get();  // counts from now: cannot have passed yet
+      } else if (absl::Now() >= deadline.Get()) {
+        return false;
+      }
+    }
     bool& leading = background ? bg_leading_ : leader_;
     if (!leading) {
       leading = true;
       stats_.leader_waits++;
       mu_.Unlock();
       Completion comps[32];
-      size_t n = LeadWait(std::span<Completion>(comps, 32), deadline, background);
+      size_t n = LeadWait(std::span<Completion>(comps, 32), deadline.Get(), background);
       mu_.Lock();
       leading = false;
       DispatchTakenLocked(std::span<Completion>(comps, n));
@@ -328,7 +336,7 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, boo
       if (n > 0 && background && leader_) Signal(notify_fd_);
     } else {
       // The leader hands over; wake at least every second to re-check.
-      cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
+      cv_.WaitWithDeadline(&mu_, std::min(deadline.Get(), absl::Now() + absl::Seconds(1)));
       continue;
     }
     if (!callbacks_.empty()) {

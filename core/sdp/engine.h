@@ -39,6 +39,7 @@
 #include "core/mutex.h"
 #include "absl/time/time.h"
 #include "core/fd.h"
+#include "core/sdp/deadline.h"
 #include "core/provider.h"
 #include "core/sdp/az_guard.h"
 #include "core/sdp/connection.h"
@@ -112,7 +113,7 @@ class Engine : private az::FaultClient {
   // returns pred(). Requires mu_. absl::InfinitePast() does not wait
   // (MSG_DONTWAIT callers pass it rather than absl::Now()).
   // `background`: the caller is the progress thread.
-  bool WaitLocked(absl::FunctionRef<bool()> pred, absl::Time deadline, bool background = false)
+  bool WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline, bool background = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLocked(Completion& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes followers and the leader after a local state change.
