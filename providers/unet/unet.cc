@@ -850,7 +850,9 @@ class UnetEndpoint final : public Endpoint {
       if (p_.pidfd) cq_->Unwatch(p_.pidfd.get());
       absl::Status why = MakeError(absl::StatusCode::kCancelled, ECANCELED,
                                    "the endpoint was closed", "");
-      failed.swap(sent_done_);  // sent before the close: reported as sent
+      // Sends that completed before the close are reported as sent.
+      for (Completion& c : sent_done_) failed.push_back(std::move(c));
+      sent_done_.clear();
       FlushLocked(why, &failed);
     }
     for (auto& c : failed) cq_->Push(std::move(c));
@@ -930,7 +932,9 @@ class UnetEndpoint final : public Endpoint {
 
   // Moves pending sends into the peer's rings as far as descriptors and
   // buffers allow. Returns whether anything was published.
-  bool PushSendsLocked(Completions* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // (`List`: Completions, or sent_done_'s vector.)
+  template <typename List>
+  bool PushSendsLocked(List* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool published = PushQueueLocked(&ctlq_, done);
     published |= PushQueueLocked(&sendq_, done);
     return published;
@@ -938,7 +942,8 @@ class UnetEndpoint final : public Endpoint {
 
   // Moves one queue's messages into the peer's rings (user and control
   // messages use separate rings and buffer pools, so neither blocks the other).
-  bool PushQueueLocked(std::deque<PendingSend>* queue, Completions* done)
+  template <typename List>
+  bool PushQueueLocked(std::deque<PendingSend>* queue, List* done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool published = false;
     const uint32_t bufsize = p_.tx_layout.buffer_size;
@@ -1393,7 +1398,7 @@ class UnetEndpoint final : public Endpoint {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_sends_failed_ ABSL_GUARDED_BY(mu_) = false;
-  Completions sent_done_ ABSL_GUARDED_BY(mu_);  // Enqueue's completions, for Progress
+  std::vector<Completion> sent_done_ ABSL_GUARDED_BY(mu_);  // Enqueue's completions, for Progress
   bool rx_abandoned_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status dead_status_ ABSL_GUARDED_BY(mu_);
   // Hints read without mu_ by Progress's fast path (an empty poll takes no
@@ -1412,9 +1417,14 @@ size_t UnetEndpoint::Progress(bool check_liveness) {
   {
     MutexLock lock(&mu_);
     if (closed_) return 0;
-    // Sends that completed in Enqueue, ahead of anything found now.
-    n += sent_done_.size();
-    done.swap(sent_done_);
+    // Sends that completed in Enqueue, ahead of anything found now. Pushed
+    // here, so that sent_done_ keeps its capacity (a stream defers dozens
+    // between polls; moved out, each batch cost a few allocations).
+    if (!sent_done_.empty()) {
+      n += sent_done_.size();
+      cq_->PushAll(std::span<Completion>(sent_done_.data(), sent_done_.size()));
+      sent_done_.clear();
+    }
     size_t consumed = 0;
     if (!rx_abandoned_) consumed += DrainControlLocked(&control);
     if (!rx_abandoned_) consumed += DrainUserLocked(&done);
