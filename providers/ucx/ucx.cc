@@ -942,12 +942,12 @@ class Worker {
   // Reports the deferred completions, oldest first. Every other report
   // calls it first (ReportLocked), so an endpoint's sends stay in order.
   size_t ReportInlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Takes back an Op a send did not need (UCX finished it inside the call),
-  // untouched but for the fields Submit sets.
   // A CQ going away: its deferred completions have no reader.
   void ForgetCqLocked(UcxCq* cq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::erase_if(inline_done_, [cq](const auto& e) { return e.first == cq; });
   }
+  // Takes back an Op a send did not need (UCX finished it inside the call),
+  // untouched but for the fields Submit sets.
   void RecycleUnusedOpLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     op->completed = false;
     op->ucx_status = UCS_OK;
@@ -1279,14 +1279,11 @@ void Worker::DeferInlineLocked(UcxCq* cq, Completion c) {
 
 size_t Worker::ReportInlineLocked() {
   if (inline_done_.empty()) return 0;
+  // Deliver only queues or hands over (no call back into the worker), and
+  // clear keeps the vector's capacity for the next batch.
   const size_t n = inline_done_.size();
-  // Deliver may not re-enter (Push only queues or hands over), but keep
-  // the list consistent whatever it does.
-  std::vector<std::pair<UcxCq*, Completion>> done;
-  done.swap(inline_done_);
-  for (auto& [cq, c] : done) cq->Deliver(std::move(c));
-  done.clear();
-  if (inline_done_.empty()) inline_done_.swap(done);  // keep the capacity
+  for (auto& [cq, c] : inline_done_) cq->Deliver(std::move(c));
+  inline_done_.clear();
   return n;
 }
 
