@@ -6,12 +6,15 @@
 #   zsock ofi:tcp;ofi_rxm?iface=lo  vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -d lo
 #   zsock ofi:shm                   vs  fi_pingpong -p shm -e rdm
 #   zsock ofi:tcp?iface=lo (MSG)    vs  fi_pingpong -p tcp -e msg -d lo
+#   zsock ofi:tcp?iface=lo&cq_wait=none (row ofi:msg-nowait): the same, with
+#         zsock's CQs opened as fi_pingpong opens its own, FI_WAIT_NONE
 #   zsock ucx:tcp                   vs  UCX_TLS=tcp ucx_perftest -t tag_lat / tag_bw
 #   zsock ucx:posix,cma             vs  UCX_TLS=posix,cma ucx_perftest -t tag_lat / tag_bw
 #
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
-#                                   [--cores=0,1] [--configs=ofi:tcp,ofi:shm,ofi:msg,ucx:tcp,ucx:posix]
+#                                   [--cores=0,1]
+#                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-nowait,ucx:tcp,ucx:posix]
 #                                   [--repeat=5] [--level=provider|sdp]
 #
 # --level=sdp measures zsock one layer up: SDP sockets (zsock_bench
@@ -24,6 +27,8 @@
 # second (taskset), and every side busy-polls its completion queue:
 # provider_bench --wait=spin polls CompletionQueue::Poll, fi_pingpong polls
 # fi_cq_read on FI_WAIT_NONE CQs, ucx_perftest polls ucp_worker_progress.
+# zsock's ofi CQs keep their FI_WAIT_FD wait object (what a blocking wait
+# sleeps on) except in the ofi:msg-nowait row.
 #
 # Latency is one-way (round trip / 2), in microseconds: the average over the
 # timed round trips (fi_pingpong reports only that) and, where the peer
@@ -51,7 +56,7 @@ cd "$(dirname "$0")/.."
 sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
-configs=ofi:tcp,ofi:shm,ofi:msg,ucx:tcp,ucx:posix
+configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-nowait,ucx:tcp,ucx:posix
 repeat=5
 level=provider
 for arg in "$@"; do
@@ -62,7 +67,7 @@ for arg in "$@"; do
     --configs=*) configs=${arg#*=} ;;
     --repeat=*) repeat=${arg#*=} ;;
     --level=*) level=${arg#*=} ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "compare_providers: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -225,7 +230,7 @@ echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/l
 echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; median of $repeat interleaved rounds"
 echo
 rows=()
-row() { rows+=("$(printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
+row() { rows+=("$(printf '%-14s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
 fmt() { awk -v a="$1" 'BEGIN { if (a == "" || a == "-") print "-"; else printf "%.2f", a }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b == 0) print "-"; else printf "%.2fx", a / b }'; }
 
@@ -236,6 +241,7 @@ for cfg in "${cfgs[@]}"; do
     ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=(-e rdm) ;;
     ofi:msg) zs="ofi:tcp?iface=lo"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
+    ofi:msg-nowait) zs="ofi:tcp?iface=lo&cq_wait=none"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
     ucx:tcp) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp ;;
     ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
@@ -288,6 +294,6 @@ done
 
 echo "one-way latency (us), average and median (fi_pingpong reports no median); ratios are zsock / peer"
 echo "bandwidth (10^6 B/s): ofi rows ping-pong (size / one-way latency), ucx rows streaming with $window outstanding"
-printf '%-10s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
+printf '%-14s %-12s %8s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
   zs_avg peer_avg ratio zs_p50 peer_p50 ratio zs_bw peer_bw ratio
 for r in "${rows[@]}"; do echo "$r"; done

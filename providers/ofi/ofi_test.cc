@@ -63,6 +63,25 @@ TEST(OfiOpen, ConfigurationsResolveToTheirEndpointTypes) {
   EXPECT_FALSE((*shm)->caps().wait_fd);
 }
 
+// cq_wait=none opens the CQs without a wait object, says so, and still
+// waits (OfiPair.BlockedWaitDoesNotSpin runs it); a wrong value is refused
+// with the values it takes.
+TEST(OfiOpen, CqWaitChoosesTheCqWaitObject) {
+  auto fd = Fabric::Open("ofi:tcp?iface=lo&cq_wait=fd");
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_TRUE((*fd)->caps().wait_fd);
+  auto none = Fabric::Open("ofi:tcp?iface=lo&cq_wait=none");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE((*none)->caps().wait_fd);
+  bool noted = false;
+  for (const std::string& note : (*none)->caps().notes) noted |= absl::StrContains(note, "FI_WAIT_NONE");
+  EXPECT_TRUE(noted) << "the capabilities do not say the CQs have no wait object";
+  auto bad = Fabric::Open("ofi:tcp?iface=lo&cq_wait=sometimes");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "cq_wait=sometimes")) << bad.status();
+}
+
 // Connecting where nobody listens fails at once saying so, on both
 // connection paths (conformance checks the errno for every provider).
 TEST(OfiConnect, NoListenerIsRefusedAtOnceWithAHint) {
@@ -251,7 +270,7 @@ TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
 INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
                          ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm",
                                            "ofi:tcp;ofi_rxm?iface=lo&mr_local=on",
-                                           "ofi:tcp?iface=lo&mr_local=on"),
+                                           "ofi:tcp?iface=lo&mr_local=on", "ofi:tcp?iface=lo&cq_wait=none"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name;
                            for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
