@@ -27,8 +27,8 @@
 # second (taskset), and every side busy-polls its completion queue:
 # provider_bench --wait=spin polls CompletionQueue::Poll, fi_pingpong polls
 # fi_cq_read on FI_WAIT_NONE CQs, ucx_perftest polls ucp_worker_progress.
-# zsock's ofi CQs keep their FI_WAIT_FD wait object (what a blocking wait
-# sleeps on) except in the ofi:msg-nowait row.
+# zsock's tcp CQs keep their FI_WAIT_FD wait object (what a blocking wait
+# sleeps on) except in the ofi:msg-nowait row; shm has none.
 #
 # Latency is one-way (round trip / 2), in microseconds: the average over the
 # timed round trips (fi_pingpong reports only that) and, where the peer

@@ -25,8 +25,9 @@
 // bad keys). Registration follows every mr_mode bit the provider demands
 // (FI_MR_LOCAL, VIRT_ADDR, ALLOCATED, PROV_KEY, RAW; a provider that
 // requires FI_MR_ENDPOINT is refused with that reason). Completion queues
-// wait on FI_WAIT_FD with fi_trywait; a provider without a wait object (shm)
-// is waited on with a timer backing off from 50 us to 1 ms.
+// wait on FI_WAIT_FD with fi_trywait; a provider without a wait object (shm),
+// or CQs opened without one (option cq_wait=none, for busy pollers), are
+// waited on with a timer backing off from 50 us to 1 ms.
 // Design notes and limits: docs/ofi.md.
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -1788,7 +1789,9 @@ bool OfiCq::ArmProvider() {
       if (ep->HasInjectedLocked()) return false;
     }
   }
-  {
+  // RDM without a CQ wait object (shm, cq_wait=none) has nothing for
+  // fi_trywait: only the timer.
+  if (!timer_ || fabric_->msg()) {
     MutexLock list_lock(&mu_);
     // The fids under the domain lock: an endpoint's Shutdown closes them
     // under it (without mu_).

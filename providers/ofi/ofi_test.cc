@@ -148,6 +148,50 @@ TEST_P(OfiPair, BlockedWaitDoesNotSpin) {
                               << wall << " s";
 }
 
+// A thread blocked in Wait gets a message the peer sends while it sleeps,
+// whatever wakes it (the CQ's fd, an MSG event queue's, or the timer of a
+// CQ without a wait object), long before its timeout.
+TEST_P(OfiPair, BlockedWaitWakesForArrivingData) {
+  auto fabric = Fabric::Open(GetParam());
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
+  std::thread acceptor([&] { accepted = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
+  auto ep = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  char buf[16] = {};
+  ASSERT_TRUE((*ep)->PostRecv(buf, sizeof(buf), nullptr, 7).ok());
+  absl::StatusOr<size_t> got;
+  Completion c;
+  absl::Duration waited;
+  std::thread sleeper([&] {
+    const absl::Time t0 = absl::Now();
+    got = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Seconds(20));
+    waited = absl::Now() - t0;
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // past the CQ's spin: the sleeper sleeps
+  const char msg[] = "wake up";
+  ASSERT_TRUE((*accepted)->Send(msg, sizeof(msg), nullptr, 1).ok());
+  // The sender's CQ reports its send (and keeps its side progressing).
+  Completion sent;
+  auto s = (*cq_b)->Wait(std::span<Completion>(&sent, 1), absl::Seconds(20));
+  sleeper.join();
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(*got, 1u) << GetParam() << ": the sleeper timed out after " << waited;
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.context, 7u);
+  EXPECT_EQ(c.length, sizeof(msg));
+  EXPECT_STREQ(buf, msg);
+  EXPECT_LT(waited, absl::Seconds(10)) << GetParam();
+}
+
 // What a peer sent before it closed gracefully is delivered, even to
 // receives posted after the close was seen; then the connection reports
 // the close.
@@ -270,7 +314,8 @@ TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
 INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
                          ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm",
                                            "ofi:tcp;ofi_rxm?iface=lo&mr_local=on",
-                                           "ofi:tcp?iface=lo&mr_local=on", "ofi:tcp?iface=lo&cq_wait=none"),
+                                           "ofi:tcp?iface=lo&mr_local=on", "ofi:tcp?iface=lo&cq_wait=none",
+                                           "ofi:tcp;ofi_rxm?iface=lo&cq_wait=none"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name;
                            for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
