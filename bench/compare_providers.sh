@@ -6,8 +6,10 @@
 #   zsock ofi:tcp;ofi_rxm?iface=lo  vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -d lo
 #   zsock ofi:shm                   vs  fi_pingpong -p shm -e rdm
 #   zsock ofi:tcp?iface=lo (MSG)    vs  fi_pingpong -p tcp -e msg -d lo
-#   zsock ofi:tcp?iface=lo&cq_wait=none (row ofi:msg-nowait): the same, with
-#         zsock's CQs opened as fi_pingpong opens its own, FI_WAIT_NONE
+#   zsock ofi:tcp?iface=lo&cq_wait=none (row ofi:msg-nowait), and
+#   zsock ofi:tcp;ofi_rxm?iface=lo&cq_wait=none (row ofi:tcp-nowait): the
+#         same, with zsock's CQs opened as fi_pingpong opens its own,
+#         FI_WAIT_NONE (docs/ofi.md)
 #   zsock ucx:tcp                   vs  UCX_TLS=tcp ucx_perftest -t tag_lat / tag_bw
 #   zsock ucx:posix,cma             vs  UCX_TLS=posix,cma ucx_perftest -t tag_lat / tag_bw
 #
@@ -15,6 +17,7 @@
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1]
 #                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-nowait,ucx:tcp,ucx:posix]
+#                                   (also ofi:tcp-nowait)
 #                                   [--repeat=5] [--level=provider|sdp]
 #
 # --level=sdp measures zsock one layer up: SDP sockets (zsock_bench
@@ -28,7 +31,7 @@
 # provider_bench --wait=spin polls CompletionQueue::Poll, fi_pingpong polls
 # fi_cq_read on FI_WAIT_NONE CQs, ucx_perftest polls ucp_worker_progress.
 # zsock's tcp CQs keep their FI_WAIT_FD wait object (what a blocking wait
-# sleeps on) except in the ofi:msg-nowait row; shm has none.
+# sleeps on) except in the -nowait rows; shm has none.
 #
 # Latency is one-way (round trip / 2), in microseconds: the average over the
 # timed round trips (fi_pingpong reports only that) and, where the peer
@@ -67,7 +70,7 @@ for arg in "$@"; do
     --configs=*) configs=${arg#*=} ;;
     --repeat=*) repeat=${arg#*=} ;;
     --level=*) level=${arg#*=} ;;
-    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
     *) echo "compare_providers: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -242,6 +245,7 @@ for cfg in "${cfgs[@]}"; do
     ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=(-e rdm) ;;
     ofi:msg) zs="ofi:tcp?iface=lo"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
     ofi:msg-nowait) zs="ofi:tcp?iface=lo&cq_wait=none"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
+    ofi:tcp-nowait) zs="ofi:tcp;ofi_rxm?iface=lo&cq_wait=none"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ucx:tcp) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp ;;
     ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;

@@ -81,7 +81,7 @@ run pagefault env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=pagefault --provider
   --json="$out/az/pagefault.json" --plot="$out/az"
 run peers bash bench/compare_peers.sh --sizes="$peer_sizes"
 run providers bash bench/compare_providers.sh "${prov_args[@]}"
-run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,ucx:tcp \
+run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,ofi:tcp-nowait,ucx:tcp \
   "${sdp_prov_args[@]}"
 
 python3 - "$tmp" "$out" "$quick" "$load_before" >docs/performance.md <<'EOF'
@@ -153,7 +153,9 @@ print(block("providers"))
 print("## SDP sockets over ofi and ucx beside the same tools\n")
 print("The same comparison one layer up: zsock_bench's ping-pong over the zs_* sockets API"
       " (SDP bcopy, blocking calls) on `ofi:tcp;ofi_rxm` and `ucx:tcp`, against fi_pingpong"
-      " and ucx_perftest on the same transports (issue 8's target: within 1.3x).\n")
+      " and ucx_perftest on the same transports (issue 8's target: within 1.3x). The row"
+      " `ofi:tcp-nowait` is `ofi:tcp;ofi_rxm` with `cq_wait=none` (CQs without a wait object,"
+      " as fi_pingpong opens its own; docs/ofi.md).\n")
 print(block("sdp_providers"))
 
 notes = "docs/performance-notes.md"
