@@ -110,7 +110,38 @@ TEST(OfiConnect, NoListenerIsRefusedAtOnceWithAHint) {
 // endpoint sleeps: it uses a small fraction of a core (shm, without a CQ
 // wait object, wakes at most every millisecond), whichever way the provider
 // signals.
-class OfiPair : public ::testing::TestWithParam<std::string> {};
+class OfiPair : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Opens the fabric and two CQs, and connects endpoint a_ (on cq_a_) to
+  // b_ (accepted on cq_b_).
+  void ConnectPair() {
+    auto fabric = Fabric::Open(GetParam());
+    ASSERT_TRUE(fabric.ok()) << fabric.status();
+    fabric_ = std::move(*fabric);
+    auto cq_a = fabric_->CreateCq();
+    auto cq_b = fabric_->CreateCq();
+    ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+    cq_a_ = std::move(*cq_a);
+    cq_b_ = std::move(*cq_b);
+    auto listener = fabric_->Listen("");
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    listener_ = std::move(*listener);
+    absl::StatusOr<std::unique_ptr<Endpoint>> b;
+    std::thread acceptor([&] { b = listener_->Accept(cq_b_.get(), absl::Seconds(30)); });
+    auto a = fabric_->Connect(listener_->address(), cq_a_.get(), absl::Seconds(30));
+    acceptor.join();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    a_ = std::move(*a);
+    b_ = std::move(*b);
+  }
+
+  // Destroyed in reverse: a_ first, the fabric last.
+  std::unique_ptr<Fabric> fabric_;
+  std::unique_ptr<CompletionQueue> cq_a_, cq_b_;
+  std::unique_ptr<Listener> listener_;
+  std::unique_ptr<Endpoint> b_, a_;
+};
 
 double ThreadCpuSeconds() {
   rusage ru{};
@@ -119,25 +150,13 @@ double ThreadCpuSeconds() {
 }
 
 TEST_P(OfiPair, BlockedWaitDoesNotSpin) {
-  auto fabric = Fabric::Open(GetParam());
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  auto cq_a = (*fabric)->CreateCq();
-  auto cq_b = (*fabric)->CreateCq();
-  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
-  auto listener = (*fabric)->Listen("");
-  ASSERT_TRUE(listener.ok()) << listener.status();
-  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
-  std::thread acceptor([&] { accepted = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
-  auto ep = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
-  acceptor.join();
-  ASSERT_TRUE(ep.ok()) << ep.status();
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSERT_NO_FATAL_FAILURE(ConnectPair());
   char buf[16];
-  ASSERT_TRUE((*ep)->PostRecv(buf, sizeof(buf), nullptr, 1).ok());
+  ASSERT_TRUE(a_->PostRecv(buf, sizeof(buf), nullptr, 1).ok());
   const double cpu0 = ThreadCpuSeconds();
   const absl::Time t0 = absl::Now();
   Completion c;
-  auto n = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1000));
+  auto n = cq_a_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1000));
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double cpu = ThreadCpuSeconds() - cpu0;
   ASSERT_TRUE(n.ok()) << n.status();
@@ -152,35 +171,23 @@ TEST_P(OfiPair, BlockedWaitDoesNotSpin) {
 // whatever wakes it (the CQ's fd, an MSG event queue's, or the timer of a
 // CQ without a wait object), long before its timeout.
 TEST_P(OfiPair, BlockedWaitWakesForArrivingData) {
-  auto fabric = Fabric::Open(GetParam());
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  auto cq_a = (*fabric)->CreateCq();
-  auto cq_b = (*fabric)->CreateCq();
-  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
-  auto listener = (*fabric)->Listen("");
-  ASSERT_TRUE(listener.ok()) << listener.status();
-  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
-  std::thread acceptor([&] { accepted = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
-  auto ep = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
-  acceptor.join();
-  ASSERT_TRUE(ep.ok()) << ep.status();
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSERT_NO_FATAL_FAILURE(ConnectPair());
   char buf[16] = {};
-  ASSERT_TRUE((*ep)->PostRecv(buf, sizeof(buf), nullptr, 7).ok());
+  ASSERT_TRUE(a_->PostRecv(buf, sizeof(buf), nullptr, 7).ok());
   absl::StatusOr<size_t> got;
   Completion c;
   absl::Duration waited;
   std::thread sleeper([&] {
     const absl::Time t0 = absl::Now();
-    got = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Seconds(20));
+    got = cq_a_->Wait(std::span<Completion>(&c, 1), absl::Seconds(20));
     waited = absl::Now() - t0;
   });
   absl::SleepFor(absl::Milliseconds(200));  // past the CQ's spin: the sleeper sleeps
   const char msg[] = "wake up";
-  ASSERT_TRUE((*accepted)->Send(msg, sizeof(msg), nullptr, 1).ok());
+  ASSERT_TRUE(b_->Send(msg, sizeof(msg), nullptr, 1).ok());
   // The sender's CQ reports its send (and keeps its side progressing).
   Completion sent;
-  auto s = (*cq_b)->Wait(std::span<Completion>(&sent, 1), absl::Seconds(20));
+  auto s = cq_b_->Wait(std::span<Completion>(&sent, 1), absl::Seconds(20));
   sleeper.join();
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -196,24 +203,12 @@ TEST_P(OfiPair, BlockedWaitWakesForArrivingData) {
 // receives posted after the close was seen; then the connection reports
 // the close.
 TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
-  auto fabric = Fabric::Open(GetParam());
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  auto cq_a = (*fabric)->CreateCq();
-  auto cq_b = (*fabric)->CreateCq();
-  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
-  auto listener = (*fabric)->Listen("");
-  ASSERT_TRUE(listener.ok()) << listener.status();
-  absl::StatusOr<std::unique_ptr<Endpoint>> b;
-  std::thread acceptor([&] { b = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
-  auto a = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
-  acceptor.join();
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_NO_FATAL_FAILURE(ConnectPair());
   constexpr int kMessages = 5;
   std::vector<std::string> out;
   for (int i = 0; i < kMessages; ++i) out.push_back("message " + std::to_string(i));
   for (int i = 0; i < kMessages; ++i) {
-    absl::Status st = (*a)->Send(out[i].data(), out[i].size(), nullptr, i);
+    absl::Status st = a_->Send(out[i].data(), out[i].size(), nullptr, i);
     ASSERT_TRUE(st.ok()) << st;
   }
   // Both sides progress (one thread; rxm and shm need the receiver's
@@ -222,35 +217,35 @@ TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (sent < kMessages && absl::Now() < deadline) {
     Completion c;
-    if ((*cq_a)->Poll(std::span<Completion>(&c, 1)) == 1) {
+    if (cq_a_->Poll(std::span<Completion>(&c, 1)) == 1) {
       ASSERT_TRUE(c.status.ok()) << c.status;
       ++sent;
     }
-    ASSERT_EQ((*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
+    ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
   }
   ASSERT_EQ(sent, kMessages);
-  (*a)->Close();
+  a_->Close();
   // Let b notice the close before it posts anything.
   absl::Time until = absl::Now() + absl::Milliseconds(300);
   while (absl::Now() < until) {
     Completion c;
-    ASSERT_EQ((*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(20)).value_or(0), 0u);
+    ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(20)).value_or(0), 0u);
   }
   for (int i = 0; i < kMessages; ++i) {
     char buf[64] = {};
-    ASSERT_TRUE((*b)->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
+    ASSERT_TRUE(b_->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
     Completion c;
-    auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
     ASSERT_TRUE(n.ok() && *n == 1) << i;
     ASSERT_TRUE(c.status.ok()) << "message " << i << ": " << c.status;
     EXPECT_EQ(std::string(buf, c.length), out[i]);
   }
   // Nothing more: the next receive fails (or cannot be posted) promptly.
   char buf[64];
-  absl::Status st = (*b)->PostRecv(buf, sizeof(buf), nullptr, 200);
+  absl::Status st = b_->PostRecv(buf, sizeof(buf), nullptr, 200);
   if (st.ok()) {
     Completion c;
-    auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
+    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
     ASSERT_TRUE(n.ok() && *n == 1) << "the close was never reported";
     st = c.status;
   }
@@ -261,21 +256,9 @@ TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
 // mr_local=on (the FI_MR_LOCAL path) descriptors come from the registration
 // cache and are held until the operation completes.
 TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
-  auto fabric = Fabric::Open(GetParam());
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  auto cq_a = (*fabric)->CreateCq();
-  auto cq_b = (*fabric)->CreateCq();
-  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
-  auto listener = (*fabric)->Listen("");
-  ASSERT_TRUE(listener.ok()) << listener.status();
-  absl::StatusOr<std::unique_ptr<Endpoint>> b;
-  std::thread acceptor([&] { b = (*listener)->Accept(cq_b->get(), absl::Seconds(30)); });
-  auto a = (*fabric)->Connect((*listener)->address(), cq_a->get(), absl::Seconds(30));
-  acceptor.join();
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_NO_FATAL_FAILURE(ConnectPair());
   std::vector<uint8_t> target(8192, 0);
-  auto mr = (*fabric)->RegisterMemory(target.data(), target.size(), kAccessAll);
+  auto mr = fabric_->RegisterMemory(target.data(), target.size(), kAccessAll);
   ASSERT_TRUE(mr.ok()) << mr.status();
   RemoteKey key = (*mr)->remote_key();
   // One thread drives both sides until `a` reports one completion.
@@ -283,31 +266,31 @@ TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     while (absl::Now() < deadline) {
       Completion c;
-      if ((*cq_a)->Poll(std::span<Completion>(&c, 1)) == 1) return c.status;
-      (*cq_b)->Poll(std::span<Completion>(&c, 1));
+      if (cq_a_->Poll(std::span<Completion>(&c, 1)) == 1) return c.status;
+      cq_b_->Poll(std::span<Completion>(&c, 1));
     }
     return absl::DeadlineExceededError("no completion");
   };
   std::vector<uint8_t> out(5000), back(5000, 0);
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + 1);
-  ASSERT_TRUE((*a)->Write(out.data(), out.size(), nullptr, key.addr + 100, key, 1).ok());
+  ASSERT_TRUE(a_->Write(out.data(), out.size(), nullptr, key.addr + 100, key, 1).ok());
   ASSERT_TRUE(finish().ok());
-  ASSERT_TRUE((*a)->Read(back.data(), back.size(), nullptr, key.addr + 100, key, 2).ok());
+  ASSERT_TRUE(a_->Read(back.data(), back.size(), nullptr, key.addr + 100, key, 2).ok());
   ASSERT_TRUE(finish().ok());
   EXPECT_EQ(back, out);
   EXPECT_EQ(std::vector<uint8_t>(target.begin() + 100, target.begin() + 5100), out);
   char in[64] = {};
-  ASSERT_TRUE((*b)->PostRecv(in, sizeof(in), nullptr, 3).ok());
-  ASSERT_TRUE((*a)->Send("unregistered", 12, nullptr, 4).ok());
+  ASSERT_TRUE(b_->PostRecv(in, sizeof(in), nullptr, 3).ok());
+  ASSERT_TRUE(a_->Send("unregistered", 12, nullptr, 4).ok());
   ASSERT_TRUE(finish().ok());
   Completion c;
-  auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+  auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
   ASSERT_TRUE(n.ok() && *n == 1);
   ASSERT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(std::string(in, c.length), "unregistered");
   if (absl::StrContains(GetParam(), "mr_local=on")) {
-    EXPECT_TRUE((*fabric)->caps().registration_required);
-    EXPECT_GE((*fabric)->rcache().stats().misses, 1u) << "descriptors did not come from the cache";
+    EXPECT_TRUE(fabric_->caps().registration_required);
+    EXPECT_GE(fabric_->rcache().stats().misses, 1u) << "descriptors did not come from the cache";
   }
 }
 
