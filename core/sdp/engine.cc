@@ -217,10 +217,9 @@ bool Engine::ProgressLocked() {
   // An application thread leading dispatches promptly itself (it spins or
   // sleeps on the CQ); polling beside it would only add hand-overs.
   if (leader_) return false;
-  Completion comps[32];
-  size_t n = TakeCq(std::span<Completion>(comps, 32));
+  size_t n = TakeCq(taken_);
   if (n == 0) return false;
-  DispatchTakenLocked(std::span<Completion>(comps, n));
+  DispatchTakenLocked(std::span<Completion>(taken_, n));
   return true;
 }
 
@@ -327,11 +326,10 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline
       leading = true;
       stats_.leader_waits++;
       mu_.Unlock();
-      Completion comps[32];
-      size_t n = LeadWait(std::span<Completion>(comps, 32), deadline.Get(), background);
+      size_t n = LeadWait(taken_, deadline.Get(), background);
       mu_.Lock();
       leading = false;
-      DispatchTakenLocked(std::span<Completion>(comps, n));
+      DispatchTakenLocked(std::span<Completion>(taken_, n));
       // The other leader may be waiting for what this dispatched.
       if (n > 0 && background && leader_) Signal(notify_fd_);
     } else {

@@ -167,6 +167,11 @@ class Engine : private az::FaultClient {
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
   bool bg_leading_ ABSL_GUARDED_BY(mu_) = false;  // the progress thread sleeps on the CQ
   std::atomic<bool> polling_{false};  // the poll token (TakeCq)
+  // Where the token's holder polls into, until it has dispatched them. One
+  // array for the engine, not one on the stack per poll: constructing and
+  // destroying 32 completions (an absl::Status each) was an eighth of the
+  // CPU time of a small send that appends to a queued message.
+  Completion taken_[32];
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::unique_ptr<ConnState>> conns_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,137 @@
+// socket_ops_bench: the software cost of the zs_* sockets calls, both ends
+// of one connection in one thread (Google Benchmark). Like
+// endpoint_ops_bench one layer down, it measures CPU time per call with no
+// wire wait in it, so it is stable on a loaded machine and shows what the
+// sockets layer, the SDP engine and the provider's bookkeeping cost per
+// message; zsock_bench's ping-pong and msgrate add the cross-core waits.
+//
+//   bazel run -c opt //bench:socket_ops_bench -- [--provider=unet] [benchmark flags]
+//
+// BM_SendRecv: one send of `size` bytes, then one receive of them (MSG_WAITALL):
+//   every send posts its own SDP Data message.
+// BM_Burst: `n` sends of 8 bytes, then receives of 8 bytes until all are
+//   read: what msgrate's two ends do per message, in one thread. Once the
+//   peer's credits are used, sends append to the queued message (reverse
+//   packetization, docs/protocol.md) and receives copy out of one buffer.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "sockets/zsock.h"
+
+namespace zsock {
+namespace {
+
+struct SocketPair {
+  int client = -1, server = -1;
+  std::string error;
+  SocketPair() {
+    int l = zs_socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (l < 0 || zs_bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        zs_listen(l, 1) != 0 || zs_getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      error = std::string("listen: ") + std::strerror(errno);
+      if (l >= 0) zs_close(l);
+      return;
+    }
+    std::thread t([&] { server = zs_accept(l, nullptr, nullptr); });
+    client = zs_socket(AF_INET, SOCK_STREAM, 0);
+    if (zs_connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      error = std::string("connect: ") + std::strerror(errno);
+    }
+    t.join();
+    if (error.empty() && server < 0) error = std::string("accept: ") + std::strerror(errno);
+    zs_close(l);
+  }
+  ~SocketPair() {
+    if (client >= 0) zs_close(client);
+    if (server >= 0) zs_close(server);
+  }
+};
+
+// Receives exactly `len` bytes into `buf`; false (with the reason) on error.
+bool RecvExactly(int fd, uint8_t* buf, size_t len, benchmark::State& state) {
+  ssize_t n = zs_recv(fd, buf, len, MSG_WAITALL);
+  if (n == static_cast<ssize_t>(len)) return true;
+  state.SkipWithError(n < 0 ? std::strerror(errno) : "short receive");
+  return false;
+}
+
+void BM_SendRecv(benchmark::State& state) {
+  SocketPair p;
+  if (!p.error.empty()) {
+    state.SkipWithError(p.error.c_str());
+    return;
+  }
+  const size_t size = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> src(size, 0x5a), dst(size);
+  for (auto _ : state) {
+    if (zs_send(p.client, src.data(), size, 0) != static_cast<ssize_t>(size)) {
+      state.SkipWithError(std::strerror(errno));
+      break;
+    }
+    if (!RecvExactly(p.server, dst.data(), size, state)) break;
+  }
+  if (dst[size - 1] != 0x5a) state.SkipWithError("received bytes differ from the sent ones");
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(size));
+}
+BENCHMARK(BM_SendRecv)->Arg(8)->Arg(64)->Arg(4096);
+
+void BM_Burst(benchmark::State& state) {
+  SocketPair p;
+  if (!p.error.empty()) {
+    state.SkipWithError(p.error.c_str());
+    return;
+  }
+  const int64_t n = state.range(0);
+  uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8}, got[8];
+  for (auto _ : state) {
+    for (int64_t k = 0; k < n; ++k) {
+      if (zs_send(p.client, msg, sizeof msg, 0) != static_cast<ssize_t>(sizeof msg)) {
+        state.SkipWithError(std::strerror(errno));
+        return;
+      }
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      if (!RecvExactly(p.server, got, sizeof got, state)) return;
+    }
+  }
+  if (std::memcmp(got, msg, sizeof msg) != 0) {
+    state.SkipWithError("received bytes differ from the sent ones");
+  }
+  // Per message: one send plus one receive.
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * n);
+}
+BENCHMARK(BM_Burst)->Arg(64)->Arg(1024);
+
+}  // namespace
+}  // namespace zsock
+
+int main(int argc, char** argv) {
+  // --provider=<fabric config> is ours (it sets ZSOCK_PROVIDER before the
+  // first zs_* call); the rest goes to Google Benchmark.
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--provider=", 11) == 0) {
+      ::setenv("ZSOCK_PROVIDER", argv[i] + 11, 1);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
