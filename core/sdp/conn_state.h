@@ -298,6 +298,16 @@ struct ConnState {
   void PostRx(int buf);
   void OnRx(int buf, size_t len);
   void Process(int buf, size_t len);
+  // Process's checks of the base header common to every message (phase,
+  // sequence, credits; `hello` is the message when it is a Hello or
+  // HelloAck). False when the message violated the protocol (connection
+  // failed).
+  bool AcceptHeader(const wire::Header& h, const wire::Message* hello);
+  enum class DataOutcome { kRepost, kKeep, kFailed };
+  // A Data message in receive buffer `buf`: queued for the application
+  // (kKeep: the buffer is reposted once read), a credit update or discarded
+  // (kRepost), or a violation (kFailed).
+  DataOutcome OnData(const wire::Header& h, int buf, std::span<const uint8_t> payload);
   bool PostItem(TxItem& item);
   absl::Status SetUpTx();
   void HandleHello(const wire::Message& m);

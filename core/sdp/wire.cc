@@ -205,7 +205,7 @@ absl::string_view MessageName(MessageId id) {
   return "message";
 }
 
-absl::StatusOr<Message> Decode(std::span<const uint8_t> bytes, const Limits& limits) {
+absl::Status DecodeHeader(std::span<const uint8_t> bytes, const Limits& limits, Header* out) {
   if (bytes.size() < kHeaderSize) {
     return MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
                      absl::StrCat("malformed SDP message: ", bytes.size(),
@@ -213,14 +213,13 @@ absl::StatusOr<Message> Decode(std::span<const uint8_t> bytes, const Limits& lim
                      "the peer violates docs/protocol.md (version 1); the connection is aborted");
   }
   const uint8_t* p = bytes.data();
-  Message m;
   if (!KnownId(p[0])) {
     return MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
                      absl::StrCat("malformed SDP message: field mid 0x", absl::Hex(p[0]),
                                   " is not a known message id"),
                      "the peer violates docs/protocol.md (version 1); the connection is aborted");
   }
-  Header& h = m.header;
+  Header& h = *out;
   h.mid = static_cast<MessageId>(p[0]);
   h.flags = p[1];
   h.bufs = Load<uint16_t>(p + 2);
@@ -247,7 +246,14 @@ absl::StatusOr<Message> Decode(std::span<const uint8_t> bytes, const Limits& lim
     return Bad(h.mid, "bufs", absl::StrCat(h.bufs, " exceeds ", kMaxBufs));
   }
   if (h.mseq == 0) return Bad(h.mid, "mseq", "is 0 (sequence numbers start at 1)");
-  const uint8_t* b = p + kHeaderSize;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Message> Decode(std::span<const uint8_t> bytes, const Limits& limits) {
+  Message m;
+  if (auto st = DecodeHeader(bytes, limits, &m.header); !st.ok()) return st;
+  const Header& h = m.header;
+  const uint8_t* b = bytes.data() + kHeaderSize;
   size_t n = bytes.size() - kHeaderSize;
   switch (h.mid) {
     case MessageId::kHello:

@@ -182,6 +182,10 @@ struct Limits {
 
 // Decodes and validates one message occupying all of `bytes`.
 absl::StatusOr<Message> Decode(std::span<const uint8_t> bytes, const Limits& limits = {});
+// Decode's checks of the base header alone, for a receiver's fast path:
+// Data (whose body is its payload, bytes[kHeaderSize..]) is then fully
+// validated; other messages still need Decode for their bodies.
+absl::Status DecodeHeader(std::span<const uint8_t> bytes, const Limits& limits, Header* h);
 
 // Encoded size of `m` (header included; Data payload given separately).
 size_t EncodedSize(const Message& m, size_t payload_len = 0);
