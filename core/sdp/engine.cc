@@ -114,7 +114,7 @@ void Signal(const Fd& fd) {
 }  // namespace
 
 void Engine::NotifyLocked() {
-  cv_.SignalAll();
+  SignalWaitersLocked();
   if (leader_) Signal(notify_fd_);
   // The progress thread waits for nothing but stop; waking it for every
   // local change would preempt the application on a shared core.
@@ -210,7 +210,7 @@ std::optional<bool> Engine::TryArmCq() {
 void Engine::DispatchTakenLocked(std::span<Completion> comps) {
   for (Completion& c : comps) DispatchLocked(c);
   if (!comps.empty()) ReleaseCq();
-  cv_.SignalAll();
+  SignalWaitersLocked();
 }
 
 bool Engine::ProgressLocked() {
@@ -334,7 +334,9 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline
       if (n > 0 && background && leader_) Signal(notify_fd_);
     } else {
       // The leader hands over; wake at least every second to re-check.
+      ++cv_waiters_;
       cv_.WaitWithDeadline(&mu_, std::min(deadline.Get(), absl::Now() + absl::Seconds(1)));
+      --cv_waiters_;
       continue;
     }
     if (!callbacks_.empty()) {

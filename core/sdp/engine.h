@@ -118,6 +118,11 @@ class Engine : private az::FaultClient {
   void DispatchLocked(Completion& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes followers and the leader after a local state change.
   void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the threads waiting on cv_; none waiting (the usual case: one
+  // application thread leads) costs no futex word access.
+  void SignalWaitersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cv_waiters_ > 0) cv_.SignalAll();
+  }
   // Queues readiness callbacks for connections whose readiness changed.
   void NoteReadinessLocked(ConnState* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs queued callbacks; call without mu_. With `sync`, also returns only
@@ -164,6 +169,7 @@ class Engine : private az::FaultClient {
   Fd bg_notify_fd_;  // the same for the progress thread
   mutable Mutex mu_;
   CondVar cv_;
+  int cv_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // threads in cv_.WaitWithDeadline
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
   bool bg_leading_ ABSL_GUARDED_BY(mu_) = false;  // the progress thread sleeps on the CQ
   std::atomic<bool> polling_{false};  // the poll token (TakeCq)
