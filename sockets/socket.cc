@@ -144,8 +144,11 @@ thread_local CachedSocket t_cache[kCacheEntries];
 
 }  // namespace
 
-std::shared_ptr<Socket> FindSocket(int fd) {
-  if (fd < 0) return nullptr;
+namespace {
+// This thread's cache entry for fd, refreshed from the table when stale.
+const std::shared_ptr<Socket>& Lookup(int fd) {
+  static const std::shared_ptr<Socket> kNone;
+  if (fd < 0) return kNone;
   Table& t = GetTable();
   CachedSocket& e = t_cache[static_cast<size_t>(fd) % kCacheEntries];
   const uint64_t gen = GenOf(t, fd).load(std::memory_order_acquire);
@@ -159,9 +162,14 @@ std::shared_ptr<Socket> FindSocket(int fd) {
   t.mu.ReaderUnlock();
   e.fd = fd;
   e.gen = seen;
-  e.socket = s;
-  return s;
+  e.socket = std::move(s);
+  return e.socket;
 }
+}  // namespace
+
+std::shared_ptr<Socket> FindSocket(int fd) { return Lookup(fd); }
+
+Socket* FindSocketForCall(int fd) { return Lookup(fd).get(); }
 
 void AddSocket(std::shared_ptr<Socket> s) {
   Table& t = GetTable();

@@ -161,6 +161,11 @@ class Socket : public std::enable_shared_from_this<Socket> {
 // The process's table of zsock sockets by fd number (for the C API and the
 // interposer).
 std::shared_ptr<Socket> FindSocket(int fd);
+// The same socket borrowed from this thread's lookup cache, for the data
+// calls (zs_send, zs_recv, ...): valid until this thread's next lookup or
+// RemoveSocket, which no data call makes. It saves the two atomic operations
+// of a shared_ptr copy, a twentieth of a small send plus receive.
+Socket* FindSocketForCall(int fd);
 void AddSocket(std::shared_ptr<Socket> s);
 std::shared_ptr<Socket> RemoveSocket(int fd);
 

@@ -127,31 +127,31 @@ int zs_connect(int fd, const sockaddr* addr, socklen_t len) {
 }
 
 ssize_t zs_send(int fd, const void* buf, size_t len, int flags) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::send(fd, buf, len, flags);
   return zsock::Count(s->Send(zsock::OneIov(buf, len), flags));
 }
 
 ssize_t zs_recv(int fd, void* buf, size_t len, int flags) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::recv(fd, buf, len, flags);
   return zsock::Count(s->Recv(zsock::OneIov(buf, len), flags));
 }
 
 ssize_t zs_read(int fd, void* buf, size_t len) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::read(fd, buf, len);
   return zsock::Count(s->Recv(zsock::OneIov(buf, len), 0));
 }
 
 ssize_t zs_write(int fd, const void* buf, size_t len) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::write(fd, buf, len);
   return zsock::Count(s->Send(zsock::OneIov(buf, len), 0));
 }
 
 ssize_t zs_writev(int fd, const iovec* iov, int iovcnt) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::writev(fd, iov, iovcnt);
   if (iovcnt < 0 || iovcnt > IOV_MAX) {
     errno = EINVAL;
@@ -161,7 +161,7 @@ ssize_t zs_writev(int fd, const iovec* iov, int iovcnt) {
 }
 
 ssize_t zs_readv(int fd, const iovec* iov, int iovcnt) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::readv(fd, iov, iovcnt);
   if (iovcnt < 0 || iovcnt > IOV_MAX) {
     errno = EINVAL;
@@ -171,7 +171,7 @@ ssize_t zs_readv(int fd, const iovec* iov, int iovcnt) {
 }
 
 ssize_t zs_sendmsg(int fd, const msghdr* msg, int flags) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::sendmsg(fd, msg, flags);
   if (msg == nullptr || msg->msg_iovlen > IOV_MAX) {
     errno = msg == nullptr ? EFAULT : EMSGSIZE;
@@ -182,7 +182,7 @@ ssize_t zs_sendmsg(int fd, const msghdr* msg, int flags) {
 }
 
 ssize_t zs_recvmsg(int fd, msghdr* msg, int flags) {
-  auto s = FindSocket(fd);
+  Socket* s = zsock::FindSocketForCall(fd);
   if (!s) return ::recvmsg(fd, msg, flags);
   if (msg == nullptr || msg->msg_iovlen > IOV_MAX) {
     errno = msg == nullptr ? EFAULT : EMSGSIZE;
