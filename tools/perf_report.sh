@@ -9,7 +9,10 @@
 #      tcp), beside zsock;
 #   3. zsock's ofi and ucx providers beside libfabric's and UCX's own tools
 #      (bench/compare_providers.sh), and SDP sockets over ofi:tcp;ofi_rxm and
-#      ucx:tcp beside the same tools (compare_providers.sh --level=sdp).
+#      ucx:tcp beside the same tools (compare_providers.sh --level=sdp);
+#   4. the CPU cost of one call, both ends in one thread on one core
+#      (bench/socket_ops_bench for the zs_* calls, bench/endpoint_ops_bench
+#      for the unet provider beneath them).
 #
 # The analysis that is not a number (what limits what, what changed) is
 # hand-written in docs/performance-notes.md and copied in verbatim.
@@ -32,7 +35,8 @@ for arg in "$@"; do
 done
 
 bash tools/install_deps.sh
-bazel build -c opt --config=ci //bench:zsock_bench //bench:provider_bench
+bazel build -c opt --config=ci //bench:zsock_bench //bench:provider_bench \
+  //bench:socket_ops_bench //bench:endpoint_ops_bench
 bench=bazel-bin/bench/zsock_bench
 
 if [ "$quick" = 1 ]; then
@@ -83,6 +87,14 @@ run peers bash bench/compare_peers.sh --sizes="$peer_sizes"
 run providers bash bench/compare_providers.sh "${prov_args[@]}"
 run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,ofi:tcp-nowait,ucx:tcp \
   "${sdp_prov_args[@]}"
+# One core for both ends (and the sockets layer's progress thread, which
+# otherwise polls beside them from the other core); medians of 5
+# repetitions.
+run socket_ops taskset -c 1 bazel-bin/bench/socket_ops_bench --provider=unet \
+  --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+run endpoint_ops taskset -c 1 bazel-bin/bench/endpoint_ops_bench --config=unet \
+  --benchmark_filter='BM_SendRecv/(8|64|4096)$' --benchmark_repetitions=5 \
+  --benchmark_report_aggregates_only=true
 
 python3 - "$tmp" "$out" "$quick" "$load_before" >docs/performance.md <<'EOF'
 import datetime, glob, os, platform, subprocess, sys
@@ -157,6 +169,17 @@ print("The same comparison one layer up: zsock_bench's ping-pong over the zs_* s
       " `ofi:tcp-nowait` is `ofi:tcp;ofi_rxm` with `cq_wait=none` (CQs without a wait object,"
       " as fi_pingpong opens its own; docs/ofi.md).\n")
 print(block("sdp_providers"))
+print("## The CPU cost of one call\n")
+print("Both ends of one connection in one thread, pinned to one core (Google Benchmark;"
+      " the `_median` and `_stddev` rows are over 5 repetitions): no wire wait, so this is"
+      " what the software costs per message, and it moves far less with the VM's phase"
+      " than the two-process numbers above. `socket_ops_bench` times the `zs_*` calls (sockets"
+      " layer, SDP engine and unet); `BM_SendRecv` is one send and one receive, `BM_Burst/N`"
+      " N sends of 8 bytes then N receives (per item: one send plus one receive, most"
+      " appended to a queued message). `endpoint_ops_bench` times the unet provider alone"
+      " (post a receive, send, poll both queues).\n")
+print(block("socket_ops"))
+print(block("endpoint_ops"))
 
 notes = "docs/performance-notes.md"
 if os.path.exists(notes):
