@@ -568,6 +568,7 @@ absl::Status Socket::Connect(const sockaddr* addr, socklen_t len) {
 absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
   std::shared_ptr<sdp::Connection> c;
   sdp::Deadline deadline = absl::InfiniteFuture();
+  bool shut_wr = false;
   {
     MutexLock lock(&mu_);
     if (state_ == State::kConnecting) {
@@ -578,10 +579,15 @@ absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
                                                 "send on an unconnected socket");
     c = conn_;
     deadline = DeadlineFrom(sndtimeo_);
-    if (shut_wr_) {
-      if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
-      return Err(EPIPE, "send after shutdown(SHUT_WR)");
-    }
+    shut_wr = shut_wr_;
+  }
+  if (shut_wr) {
+    // Outside mu_, and touching nothing of this socket afterwards: a
+    // SIGPIPE handler may call zs_* itself (and, through the lookup cache,
+    // drop the last reference to a socket another thread closed).
+    absl::Status err = Err(EPIPE, "send after shutdown(SHUT_WR)");
+    if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
+    return err;
   }
   const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
   auto n = c->Send(iov, dontwait ? MSG_DONTWAIT : 0, deadline);
@@ -591,7 +597,8 @@ absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
   if (!n.ok()) {
     if (WouldBlock(n.status())) MarkUnwritable();
     if (StatusErrno(n.status()) == EPIPE && !(flags & MSG_NOSIGNAL)) {
-      ::pthread_kill(::pthread_self(), SIGPIPE);  // what send(2) does on a TCP socket
+      // What send(2) does on a TCP socket; last, as above.
+      ::pthread_kill(::pthread_self(), SIGPIPE);
     }
   }
   return n;

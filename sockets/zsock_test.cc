@@ -335,6 +335,22 @@ TEST_P(Sockets, CallSemantics) {
         WriteAll(fd, reinterpret_cast<const uint8_t*>("last"), 4);
         CHECK_C(zs_shutdown(fd, SHUT_WR) == 0);
         CHECK_C(zs_send(fd, "x", 1, MSG_NOSIGNAL) == -1 && errno == EPIPE);
+        // Without MSG_NOSIGNAL the send raises SIGPIPE, as send(2) on TCP
+        // does, and the handler may call zs_* itself (here on the same fd).
+        static std::atomic<int> sigpipes{0};
+        static int pipe_fd = -1;
+        pipe_fd = fd;
+        struct sigaction sa{}, old{};
+        sa.sa_handler = [](int) {
+          const int saved = errno;
+          sigpipes++;
+          (void)zs_send(pipe_fd, "y", 1, MSG_NOSIGNAL);
+          errno = saved;
+        };
+        CHECK_C(sigaction(SIGPIPE, &sa, &old) == 0);
+        CHECK_C(zs_send(fd, "x", 1, 0) == -1 && errno == EPIPE);
+        CHECK_C(sigpipes.load() == 1);
+        CHECK_C(sigaction(SIGPIPE, &old, nullptr) == 0);
         char buf[8] = {};
         CHECK_C(zs_recv(fd, buf, 5, MSG_WAITALL) == 5 && std::memcmp(buf, "reply", 5) == 0);
         CHECK_C(zs_recv(fd, buf, sizeof(buf), 0) == 0);
