@@ -9,14 +9,16 @@
 //
 // BM_SendRecv: one send of `size` bytes, then one receive of them (MSG_WAITALL):
 //   every send posts its own SDP Data message.
-// BM_Burst: `n` sends of 8 bytes, then receives of 8 bytes until all are
-//   read: what msgrate's two ends do per message, in one thread. Once the
-//   peer's credits are used, sends append to the queued message (reverse
+// BM_Burst: `n` sends of 8 bytes, then `n` receives of 8 bytes: what
+//   msgrate's two ends do per message, in one thread. Once the peer's
+//   credits are used, sends append to the queued message (reverse
 //   packetization, docs/protocol.md) and receives copy out of one buffer.
+//   The sends must fit the send buffer (sndbuf, 1 MiB): n * 8 bytes.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,14 +47,20 @@ struct SocketPair {
       if (l >= 0) zs_close(l);
       return;
     }
-    std::thread t([&] { server = zs_accept(l, nullptr, nullptr); });
+    int accept_errno = 0;
+    std::thread t([&] {
+      server = zs_accept(l, nullptr, nullptr);
+      if (server < 0) accept_errno = errno;
+    });
     client = zs_socket(AF_INET, SOCK_STREAM, 0);
-    if (zs_connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    if (client < 0 || zs_connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
       error = std::string("connect: ") + std::strerror(errno);
+      zs_close(l);  // ends the accept (EBADF)
+      l = -1;
     }
     t.join();
-    if (error.empty() && server < 0) error = std::string("accept: ") + std::strerror(errno);
-    zs_close(l);
+    if (error.empty() && server < 0) error = std::string("accept: ") + std::strerror(accept_errno);
+    if (l >= 0) zs_close(l);
   }
   ~SocketPair() {
     if (client >= 0) zs_close(client);
@@ -76,14 +84,21 @@ void BM_SendRecv(benchmark::State& state) {
   }
   const size_t size = static_cast<size_t>(state.range(0));
   std::vector<uint8_t> src(size, 0x5a), dst(size);
+  uint8_t tag = 0;
   for (auto _ : state) {
+    // Each message's first and last bytes carry its number: a stale or
+    // misplaced receive fails the benchmark.
+    src[0] = src[size - 1] = ++tag;
     if (zs_send(p.client, src.data(), size, 0) != static_cast<ssize_t>(size)) {
       state.SkipWithError(std::strerror(errno));
-      break;
+      return;
     }
-    if (!RecvExactly(p.server, dst.data(), size, state)) break;
+    if (!RecvExactly(p.server, dst.data(), size, state)) return;
+    if (dst[0] != tag || dst[size - 1] != tag) {
+      state.SkipWithError("received bytes differ from the sent ones");
+      return;
+    }
   }
-  if (dst[size - 1] != 0x5a) state.SkipWithError("received bytes differ from the sent ones");
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(size));
 }
 BENCHMARK(BM_SendRecv)->Arg(8)->Arg(64)->Arg(4096);
@@ -95,20 +110,23 @@ void BM_Burst(benchmark::State& state) {
     return;
   }
   const int64_t n = state.range(0);
-  uint8_t msg[8] = {1, 2, 3, 4, 5, 6, 7, 8}, got[8];
+  uint64_t sent = 0, received = 0;  // each message is its number
   for (auto _ : state) {
     for (int64_t k = 0; k < n; ++k) {
-      if (zs_send(p.client, msg, sizeof msg, 0) != static_cast<ssize_t>(sizeof msg)) {
+      ++sent;
+      if (zs_send(p.client, &sent, sizeof sent, 0) != static_cast<ssize_t>(sizeof sent)) {
         state.SkipWithError(std::strerror(errno));
         return;
       }
     }
     for (int64_t k = 0; k < n; ++k) {
-      if (!RecvExactly(p.server, got, sizeof got, state)) return;
+      uint64_t got = 0;
+      if (!RecvExactly(p.server, reinterpret_cast<uint8_t*>(&got), sizeof got, state)) return;
+      if (got != ++received) {
+        state.SkipWithError("a message arrived out of order or altered");
+        return;
+      }
     }
-  }
-  if (std::memcmp(got, msg, sizeof msg) != 0) {
-    state.SkipWithError("received bytes differ from the sent ones");
   }
   // Per message: one send plus one receive.
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * n);
@@ -131,6 +149,7 @@ int main(int argc, char** argv) {
   }
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

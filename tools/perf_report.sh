@@ -44,11 +44,13 @@ if [ "$quick" = 1 ]; then
   peer_sizes=8,64K
   prov_args=(--sizes=64,65536 --iters=5000 --repeat=1)
   sdp_prov_args=(--sizes=64 --iters=5000 --repeat=1)
+  ops_reps=2
 else
   sizes=8,64,1024,4096,65536,1048576
   peer_sizes=8,64,512,4K,64K,1M
   prov_args=()
   sdp_prov_args=(--sizes=8,64,4096 --repeat=5)
+  ops_reps=5
 fi
 
 out=docs/perf
@@ -62,7 +64,7 @@ run() {  # name, then the command; keeps its stdout for the page
   local name=$1
   shift
   echo "=== $*" >&2
-  printf '%s\n' "$*" >"$tmp/$name.cmd"
+  printf '%q ' "$@" | sed 's/ $//' >"$tmp/$name.cmd"
   "$@" | tee "$tmp/$name.out"
 }
 
@@ -89,11 +91,12 @@ run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,
   "${sdp_prov_args[@]}"
 # One core for both ends (and the sockets layer's progress thread, which
 # otherwise polls beside them from the other core); medians of 5
-# repetitions.
-run socket_ops taskset -c 1 bazel-bin/bench/socket_ops_bench --provider=unet \
-  --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-run endpoint_ops taskset -c 1 bazel-bin/bench/endpoint_ops_bench --config=unet \
-  --benchmark_filter='BM_SendRecv/(8|64|4096)$' --benchmark_repetitions=5 \
+# repetitions (2 with --quick).
+core=$(( $(nproc) - 1 ))
+run socket_ops taskset -c "$core" bazel-bin/bench/socket_ops_bench --provider=unet \
+  --benchmark_repetitions="$ops_reps" --benchmark_report_aggregates_only=true
+run endpoint_ops taskset -c "$core" bazel-bin/bench/endpoint_ops_bench --config=unet \
+  --benchmark_filter='BM_SendRecv/(8|64|4096)$' --benchmark_repetitions="$ops_reps" \
   --benchmark_report_aggregates_only=true
 
 python3 - "$tmp" "$out" "$quick" "$load_before" >docs/performance.md <<'EOF'
@@ -171,7 +174,7 @@ print("The same comparison one layer up: zsock_bench's ping-pong over the zs_* s
 print(block("sdp_providers"))
 print("## The CPU cost of one call\n")
 print("Both ends of one connection in one thread, pinned to one core (Google Benchmark;"
-      " the `_median` and `_stddev` rows are over 5 repetitions): no wire wait, so this is"
+      " the `_median` and `_stddev` rows are over the repetitions): no wire wait, so this is"
       " what the software costs per message, and it moves far less with the VM's phase"
       " than the two-process numbers above. `socket_ops_bench` times the `zs_*` calls (sockets"
       " layer, SDP engine and unet); `BM_SendRecv` is one send and one receive, `BM_Burst/N`"
