@@ -65,6 +65,11 @@ struct Capabilities {
   size_t max_msg_size = 0;       // largest single Send / PostRecv
   size_t max_rma_size = 0;       // largest single Read / Write
   size_t inline_size = 0;        // sends up to this size complete at once
+  // Sends of at most this size may be injected: Send with context
+  // kInjectContext copies the bytes before it returns and reports no
+  // completion, neither success nor failure (libfabric's fi_inject, verbs'
+  // unsignaled inline sends); 0: not offered.
+  size_t inject_size = 0;
   bool registration_required = false;  // local buffers need a MemoryRegion
   bool peer_on_host = false;     // peers are (or may be) on this host
   bool wait_fd = true;           // CompletionQueue::wait_fd is usable
@@ -135,6 +140,10 @@ absl::string_view OpTypeName(OpType op);
 
 // One finished operation. `status` is OK or says why it failed (a dead peer,
 // a bad remote key, truncation, ...).
+// The context of an injected send (Capabilities::inject_size): no
+// completion is reported for it. Never a context of anything else.
+inline constexpr uint64_t kInjectContext = ~uint64_t{0};
+
 struct Completion {
   uint64_t context = 0;   // the caller's context
   OpType op = OpType::kSend;
@@ -237,7 +246,10 @@ class Endpoint {
 
   // Two-sided. Messages are matched to posted receives in order. A message
   // longer than the receive it meets fails that receive with OutOfRange and
-  // is discarded. `mr` may be null when !registration_required.
+  // is discarded. `mr` may be null when !registration_required. With
+  // context kInjectContext and len <= caps().inject_size the send is
+  // injected (Capabilities::inject_size): the buffer is the caller's again
+  // when Send returns OK, and no completion follows.
   virtual absl::Status Send(const void* buf, size_t len, MemoryRegion* mr,
                             uint64_t context) = 0;
   virtual absl::Status PostRecv(void* buf, size_t len, MemoryRegion* mr,

@@ -345,6 +345,65 @@ TEST_P(Conformance, InlineSendsCompleteWithoutThePeer) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// Capabilities::inject_size: a send with context kInjectContext has copied
+// its bytes when Send returns (the buffer is overwritten at once) and
+// reports no completion. More are injected than the peer's rings hold while
+// it neither posts receives nor polls, so some wait inside the provider;
+// all arrive intact and in order, and the CQ yields only the completion of
+// the ordinary send that follows them.
+TEST_P(Conformance, InjectedSendsCopyAndReportNothing) {
+  const size_t inject = fabric_->caps().inject_size;
+  if (inject == 0) GTEST_SKIP() << "this configuration offers no injected sends (inject_size 0)";
+  constexpr int kInjected = 600;  // unet's ring holds 256
+  auto size_of = [inject](int i) { return 1 + static_cast<size_t>(i) % inject; };
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = Spawn([&] {
+    close(go[1]);
+    ChildConn c = ChildConnect();
+    char b;
+    CHILD_CHECK(read(go[0], &b, 1) == 1);  // everything has been sent
+    std::vector<uint8_t> in(inject);
+    for (int i = 0; i <= kInjected; ++i) {
+      CHILD_OK(c.ep->PostRecv(in.data(), in.size(), nullptr, static_cast<uint64_t>(i)));
+      auto comp = WaitOk(c.cq.get());
+      CHILD_OK(comp.status());
+      CHILD_CHECK(comp->op == OpType::kRecv);
+      const size_t want = i < kInjected ? size_of(i) : 3;
+      CHILD_CHECK(comp->length == want);
+      CHILD_CHECK(i < kInjected ? Check(in.data(), want, 500 + i)
+                                : std::memcmp(in.data(), "end", 3) == 0);
+    }
+    CHILD_OK(SendBlob(c.ep.get(), "received"));
+    return 0;
+  });
+  close(go[0]);
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  std::vector<uint8_t> buf(inject);
+  for (int i = 0; i < kInjected; ++i) {
+    Fill(buf.data(), size_of(i), 500 + i);
+    ASSERT_TRUE(ep->Send(buf.data(), size_of(i), nullptr, kInjectContext).ok()) << "message " << i;
+    std::fill(buf.begin(), buf.end(), 0xee);  // the caller's again
+  }
+  ASSERT_TRUE(ep->Send("end", 3, nullptr, 7).ok());
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  auto c = WaitOk(cq_.get());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->op, OpType::kSend);
+  EXPECT_EQ(c->context, 7u) << "an injected send reported a completion";
+  auto done = RecvBlob(ep.get());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, "received");
+  // Nothing else: RecvBlob took its own receive's completion.
+  Completion extra[1];
+  auto more = cq_->Wait(extra, absl::Milliseconds(100));
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(*more, 0u) << "unexpected completion with context " << extra[0].context;
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Many sends outstanding at once arrive complete and in order.
 TEST_P(Conformance, OrderingWithManyOutstanding) {
   constexpr int kMessages = 2000;

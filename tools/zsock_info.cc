@@ -39,8 +39,8 @@ void PrintCaps(const std::string& config) {
               std::string(SupportName(c.rdma_write)).c_str(),
               std::string(SupportName(c.atomics)).c_str(),
               std::string(SupportName(c.atomics_allocated)).c_str());
-  std::printf("      max-msg %zu  max-rma %zu  inline %zu  registration %s  peers %s  wait-fd %s\n",
-              c.max_msg_size, c.max_rma_size, c.inline_size,
+  std::printf("      max-msg %zu  max-rma %zu  inline %zu  inject %zu  registration %s  peers %s  wait-fd %s\n",
+              c.max_msg_size, c.max_rma_size, c.inline_size, c.inject_size,
               c.registration_required ? "required" : "optional",
               c.peer_on_host ? "same host" : "remote", c.wait_fd ? "yes" : "no");
   for (const auto& n : c.notes) std::printf("      note: %s\n", n.c_str());

@@ -145,6 +145,10 @@ struct ConnState {
   size_t tx_size = 0;
   std::vector<int> tx_free;
   int tx_inflight = 0;
+  // Data messages of at most this many bytes (header included) go
+  // injected: no send completion, the slot free again at once
+  // (caps().inject_size).
+  size_t inject_max = 0;
   std::deque<TxItem> ctlq, dataq;
   size_t queued_data_bytes = 0;
   uint64_t tx_pos = 0;        // stream bytes committed

@@ -106,6 +106,7 @@ absl::Status ConnState::Init() {
                                                  wire::kMaxBufs));
   if (auto st = rx.Allocate(ep->fabric(), rx_size * rx_count); !st.ok()) return st;
   rx_posted_flag.assign(rx_count, 0);
+  inject_max = ep->fabric()->caps().inject_size;
   const EndpointInfo& info = ep->info();
   local_address = info.local_address;
   peer_address = info.peer_address;
@@ -828,16 +829,26 @@ bool ConnState::PostItem(TxItem& item) {
   } else if (item.mid == MessageId::kDisconnReq) {
     shut_mseq = h.mseq;
   }
-  auto st = ep->Send(p, len, tx.mr.get(), MakeCtx(id, kCtxTx, slot));
+  // Small Data messages are injected: no completion to reap and dispatch
+  // for each, and the slot is free at once. Close still waits for them (the
+  // peer acknowledges its DisconnReq after them); other messages keep their
+  // completion (an AbortConn must leave before the endpoint closes,
+  // CloseEndpointWhenIdle).
+  const bool inject = item.mid == MessageId::kData && len <= inject_max;
+  auto st = ep->Send(p, len, tx.mr.get(), inject ? kInjectContext : MakeCtx(id, kCtxTx, slot));
   if (!st.ok()) {
     tx_free.push_back(slot);
     --tx_mseq;
     Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", st.message())));
     return false;
   }
-  ZS_LOG(kTrace, "sdp conn %d tx %s mseq %u len %zu", static_cast<int>(id),
-         wire::MessageName(item.mid), h.mseq, len);
-  tx_inflight++;
+  ZS_LOG(kTrace, "sdp conn %d tx %s mseq %u len %zu%s", static_cast<int>(id),
+         wire::MessageName(item.mid), h.mseq, len, inject ? " (injected)" : "");
+  if (inject) {
+    tx_free.push_back(slot);
+  } else {
+    tx_inflight++;
+  }
   last_reported = Reportable();
   recv_since_report = 0;
   credit_update_pending = false;

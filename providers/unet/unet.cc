@@ -584,6 +584,7 @@ class UnetFabric final : public Fabric {
     caps_.max_msg_size = kMaxMessage;
     caps_.max_rma_size = kMaxMessage;
     caps_.inline_size = kInline;
+    caps_.inject_size = kInline;
     caps_.registration_required = false;
     caps_.peer_on_host = true;
     caps_.wait_fd = true;
@@ -784,6 +785,12 @@ class UnetEndpoint final : public Endpoint {
   const EndpointInfo& info() const override { return p_.info; }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion*, uint64_t context) override {
+    if (context == kInjectContext && len > kInline) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       absl::StrCat("an injected send of ", len, " bytes exceeds unet's inject_size ",
+                                    kInline),
+                       "inject at most caps().inject_size bytes, or send with a context");
+    }
     return Enqueue(kUserMsg, static_cast<const uint8_t*>(buf), len, {}, context);
   }
 
@@ -924,6 +931,14 @@ class UnetEndpoint final : public Endpoint {
         notify = PushSendsLocked(&sent_done_);
         if (sent_done_.size() > before) cq_->WakeSleeper();
       }
+      // An injected send still queued (the peer's ring is full) keeps a
+      // copy: the caller's buffer is its own again once Send returns. (It
+      // is the queue's last entry: the queue is first in, first out.)
+      if (context == kInjectContext && !q.empty() && q.back().owned.empty()) {
+        PendingSend& last = q.back();
+        last.owned.assign(last.data, last.data + last.len);
+        last.data = last.owned.data();
+      }
       UpdateHintsLocked();
     }
     if (notify) Notify();
@@ -991,7 +1006,7 @@ class UnetEndpoint final : public Endpoint {
         ring.Publish(d);
         published = true;
       }
-      if (!ctl) {
+      if (!ctl && ps.context != kInjectContext) {
         Completion c;
         c.context = ps.context;
         c.op = OpType::kSend;
@@ -1205,7 +1220,9 @@ class UnetEndpoint final : public Endpoint {
   void FailSendsLocked(const absl::Status& why, Completions* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto& ps : sendq_) {
-      if (ps.type == kUserMsg) out->push_back(Failed(ps.context, OpType::kSend, why));
+      if (ps.type == kUserMsg && ps.context != kInjectContext) {
+        out->push_back(Failed(ps.context, OpType::kSend, why));
+      }
     }
     sendq_.clear();
     ctlq_.clear();
