@@ -138,12 +138,13 @@ enum class OpType : uint8_t {
 };
 absl::string_view OpTypeName(OpType op);
 
-// One finished operation. `status` is OK or says why it failed (a dead peer,
-// a bad remote key, truncation, ...).
 // The context of an injected send (Capabilities::inject_size): no
-// completion is reported for it. Never a context of anything else.
+// completion is reported for it. Never a context of anything else. A
+// provider with inject_size 0 treats it as an ordinary context.
 inline constexpr uint64_t kInjectContext = ~uint64_t{0};
 
+// One finished operation. `status` is OK or says why it failed (a dead peer,
+// a bad remote key, truncation, ...).
 struct Completion {
   uint64_t context = 0;   // the caller's context
   OpType op = OpType::kSend;

@@ -875,7 +875,7 @@ class UnetEndpoint final : public Endpoint {
   struct PendingSend {
     uint8_t type;
     const uint8_t* data;
-    std::vector<uint8_t> owned;  // control messages keep their bytes here
+    std::vector<uint8_t> owned;  // control messages and queued injected sends keep their bytes here
     size_t len;
     size_t offset;
     bool started;
