@@ -178,6 +178,17 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     return c;
   }
 
+  // In a child: connects, then waits until the parent writes a byte to
+  // go[1], so the parent's sends meet a peer that neither posts receives
+  // nor polls until then.
+  ChildConn ChildConnectThenAwait(const int go[2]) {
+    close(go[1]);
+    ChildConn c = ChildConnect();
+    char b;
+    CHILD_CHECK(read(go[0], &b, 1) == 1);
+    return c;
+  }
+
   std::unique_ptr<Fabric> fabric_;
   std::unique_ptr<CompletionQueue> cq_;
   std::unique_ptr<Listener> listener_;
@@ -307,10 +318,7 @@ TEST_P(Conformance, InlineSendsCompleteWithoutThePeer) {
   int go[2];
   ASSERT_EQ(pipe(go), 0);
   pid_t child = Spawn([&] {
-    close(go[1]);
-    ChildConn c = ChildConnect();
-    char b;
-    CHILD_CHECK(read(go[0], &b, 1) == 1);  // the parent has seen its sends complete
+    ChildConn c = ChildConnectThenAwait(go);  // the parent has seen its sends complete
     std::vector<uint8_t> in(inline_size);
     for (size_t i = 0; i < sizes.size(); ++i) {
       CHILD_OK(c.ep->PostRecv(in.data(), in.size(), nullptr, i));
@@ -362,10 +370,7 @@ TEST_P(Conformance, InjectedSendsCopyAndReportNothing) {
   int go[2];
   ASSERT_EQ(pipe(go), 0);
   pid_t child = Spawn([&] {
-    close(go[1]);
-    ChildConn c = ChildConnect();
-    char b;
-    CHILD_CHECK(read(go[0], &b, 1) == 1);  // everything has been sent
+    ChildConn c = ChildConnectThenAwait(go);  // everything has been sent
     std::vector<uint8_t> in(std::max<size_t>(inject, 3));
     for (int i = 0; i <= kInjected; ++i) {
       CHILD_OK(c.ep->PostRecv(in.data(), in.size(), nullptr, static_cast<uint64_t>(i)));
