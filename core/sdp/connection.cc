@@ -392,16 +392,10 @@ void ConnState::Process(int buf, size_t len) {
   if (!AcceptHeader(h, hello ? &m : nullptr)) return;
 
   bool repost = true;
-  switch (h.mid) {
+  switch (h.mid) {  // every message but Data, which took the path above
     case MessageId::kHello:
     case MessageId::kHelloAck:
       break;
-    case MessageId::kData: {  // unreached: Data takes the path above
-      const DataOutcome out = OnData(h, buf, m.payload);
-      if (out == DataOutcome::kFailed) return;
-      repost = out == DataOutcome::kRepost;
-      break;
-    }
     case MessageId::kSrcAvail: {
       auto& a = std::get<wire::Advert>(m.body);
       const bool az_msg = h.flags != 0;
