@@ -82,6 +82,11 @@ namespace zsock::ucx {
 namespace {
 
 constexpr size_t kMaxMessage = size_t{1} << 30;
+// Capabilities::inject_size. UCX sends this small over shared memory or
+// tcp eagerly, usually inside the call (am_short / bcopy); one that cannot
+// go at once is copied (Op::owned). A few hundred bytes keeps that copy
+// cheap and covers the SDP engine's small Data messages.
+constexpr size_t kInjectSize = 512;
 constexpr uint32_t kHelloMagic = 0x5843555a;  // "ZUCX"
 constexpr uint16_t kWireVersion = 1;
 constexpr size_t kMaxWireField = 64 * 1024;
@@ -665,7 +670,15 @@ struct ControlIn {
 // One UCX operation in flight. Callbacks run inside the ucp_* calls zsock
 // makes while holding the worker's mutex.
 struct Op {
-  enum class Kind { kUserSend, kUserRecv, kControlSend, kControlRecv, kNative, kDiscard };
+  enum class Kind {
+    kUserSend,
+    kUserRecv,
+    kInjectSend,  // an injected user send UCX could not finish in the call: owns a copy
+    kControlSend,
+    kControlRecv,
+    kNative,
+    kDiscard
+  };
   Kind kind;
   std::shared_ptr<EpCore> core;  // null for kDiscard and stray control messages
   Worker* worker = nullptr;      // kControlRecv / kDiscard: tracked by this worker
@@ -681,7 +694,7 @@ struct Op {
   bool reported = false;  // completion delivered (maybe before UCX finished)
   absl::Status status;
   ucp_tag_recv_info_t info{};
-  std::vector<uint8_t> owned;  // control payload or discard buffer
+  std::vector<uint8_t> owned;  // control or injected payload, or discard buffer
   std::shared_ptr<ControlIn> control_in;
   KeySlot* pinned = nullptr;   // native: target's key slot while accessing
   uint64_t* result = nullptr;  // native atomics: where the old value goes
@@ -1406,9 +1419,13 @@ void SettleLocked(Op* op) {
       if (op->kind == Op::Kind::kUserRecv && st == UCS_OK) op->length = op->info.length;
       FlushLocked(c, op->kind == Op::Kind::kUserSend ? &c->sends : &c->recvs);
       return;
+    case Op::Kind::kInjectSend:
     case Op::Kind::kControlSend:
+      // No completion: an injected send's failure shows as the endpoint's
+      // (the error handler marks it dead), as the contract says.
       if (st != UCS_OK && c != nullptr && !c->dead && !c->closed) {
-        ZS_LOG(kDebug, "a ucx control message was not delivered: %s", ucs_status_string(st));
+        ZS_LOG(kDebug, "a ucx %s message was not delivered: %s",
+               op->kind == Op::Kind::kInjectSend ? "injected" : "control", ucs_status_string(st));
       }
       if (c != nullptr) c->others.erase(op);
       delete op;
@@ -1765,11 +1782,18 @@ class UcxEndpoint final : public Endpoint {
                                     kMaxMessage),
                        "split the message");
     }
+    if (context == kInjectContext && len > kInjectSize) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                       absl::StrCat("an injected send of ", len,
+                                    " bytes exceeds ucx's inject_size ", kInjectSize),
+                       "inject at most caps().inject_size bytes, or send with a context");
+    }
     EpCore* c = core_.get();
     Worker* w = c->worker;
     MutexLock lock(&w->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
+    if (context == kInjectContext) return InjectLocked(c, buf, len);
     auto* op = w->NewOpLocked(Op::Kind::kUserSend);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1846,6 +1870,48 @@ class UcxEndpoint final : public Endpoint {
       CancelRecvsLocked(w, c);
       FailRemainingLocked(c, c->dead_status);
     }
+    return absl::OkStatus();
+  }
+
+  // An injected send (Capabilities::inject_size): UCX finishes it inside
+  // the call (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: the common case, a message
+  // that fits the transport's short or bcopy path while nothing is queued)
+  // or it goes from a copy. UCP keeps the endpoint's sends in order either
+  // way; no completion is reported.
+  absl::Status InjectLocked(EpCore* c, const void* buf, size_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+    void* req = ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &p);
+    if (req == nullptr) return absl::OkStatus();
+    if (!UCS_PTR_IS_ERR(req)) {  // UCX ignored the flag: wait, the buffer is still UCX's
+      ucs_status_t st;
+      do {
+        ucp_worker_progress(c->worker->handle());
+        st = ucp_request_check_status(req);
+      } while (st == UCS_INPROGRESS);
+      ucp_request_free(req);
+      return st == UCS_OK ? absl::OkStatus() : UcsError(st, "ucx injected send failed");
+    }
+    if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
+      return UcsError(UCS_PTR_STATUS(req), "ucx injected send failed");
+    }
+    auto* op = new Op{Op::Kind::kInjectSend};
+    op->core = core_;
+    op->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = OnSend;
+    p.user_data = op;
+    c->others.insert(op);
+    ucs_status_t st = Submit(op, [&] {
+      return ucp_tag_send_nbx(c->uep, op->owned.data(), op->owned.size(), c->SendTag(false), &p);
+    });
+    if (st != UCS_OK) {
+      c->others.erase(op);
+      delete op;
+      return UcsError(st, "ucx injected send failed");
+    }
+    if (op->completed) SettleLocked(op);
     return absl::OkStatus();
   }
 
@@ -2367,6 +2433,7 @@ void UcxFabric::InitCaps() {
   caps_.max_msg_size = kMaxMessage;
   caps_.max_rma_size = kMaxMessage;
   caps_.inline_size = 0;
+  caps_.inject_size = kInjectSize;
   caps_.registration_required = false;
   caps_.peer_on_host = s.same_host_only;
   caps_.wait_fd = true;
