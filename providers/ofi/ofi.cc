@@ -84,6 +84,9 @@ namespace {
 constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
 constexpr uint64_t kUserTag = 0x1;
 constexpr uint64_t kControlTag = 0x2;
+// Capabilities::inject_size at most (the provider's own tx inject size is
+// often larger: rxm's eager buffer, shm's 4 KiB).
+constexpr size_t kMaxInject = 512;
 constexpr size_t kControlBuf = 64 * 1024;
 constexpr int kControlRecvs = 8;
 // Room for core's emulation header and a serialized key in a control message.
@@ -886,6 +889,11 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   // connection, so an early small send completes only once the peer polls
   // (conformance InlineSendsCompleteWithoutThePeer).
   c.inline_size = 0;
+  // Injected sends (kInjectContext) for every configuration: no completion
+  // is reported, so nothing is promised about a close right after (see
+  // OfiEndpoint::Inject). Capped: past it the caller's ordinary sends are
+  // as cheap, and the copy Inject may make stays small.
+  c.inject_size = std::min<size_t>(f->info_->tx_attr->inject_size, kMaxInject);
   c.registration_required = f->local_mr();
   c.peer_on_host = prov_name == "shm";
   {
@@ -1104,6 +1112,7 @@ class OfiEndpoint final : public Endpoint {
   const EndpointInfo& info() const override { return info_; }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
+    if (context == kInjectContext) return Inject(buf, len);
     if (len <= fab_->inject_size() && fab_->inject_size() > 0) {
       bool injected = false;
       if (absl::Status st = TryInject(buf, len, context, &injected); !st.ok() || injected) return st;
@@ -1116,6 +1125,49 @@ class OfiEndpoint final : public Endpoint {
     return Submit(r, [=, this](Request* req) {
       return cep_ ? fi_send(ep_, buf, len, desc, 0, &req->fi_ctx)
                   : fi_tsend(ep_, buf, len, desc, peer_, kUserTag, &req->fi_ctx);
+    });
+  }
+
+  // An injected send (Capabilities::inject_size, kInjectContext): by
+  // fi_inject / fi_tinject, which copy the bytes and report nothing; when
+  // the provider says EAGAIN (or sends wait in the backlog, to stay behind
+  // them), a copy goes as an ordinary send whose completion is dropped
+  // (CompleteLocked). Either way it counts toward the FIN's message count
+  // once it is handed over. libfabric's tcp may still hold an injected
+  // message in its own queue when the call returns, and fi_close drops that
+  // queue: an endpoint closed right after an injected send may lose it (no
+  // completion was promised; an ordinary send after it completes only once
+  // it has gone, docs/ofi.md).
+  absl::Status Inject(const void* buf, size_t len) {
+    if (len > fab_->caps().inject_size) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                       absl::StrCat("an injected send of ", len, " bytes exceeds ofi's inject_size ",
+                                    fab_->caps().inject_size),
+                       "inject at most caps().inject_size bytes, or send with a context");
+    }
+    {
+      DomLock lock(&fab_->dom_mu());
+      if (closed_ || dead_) return DownStatusLocked();
+      if (backlog_.empty()) {
+        ssize_t rc = cep_ ? fi_inject(ep_, buf, len, 0) : fi_tinject(ep_, buf, len, peer_, kUserTag);
+        if (rc == 0) {
+          ++user_sent_ok_;
+          return absl::OkStatus();
+        }
+        if (rc != -FI_EAGAIN) {
+          return FiError(static_cast<int>(rc), cep_ ? "fi_inject" : "fi_tinject",
+                         "the provider refused the operation; check sizes");
+        }
+      }
+    }
+    auto* r = NewRequest(OpType::kSend, kInjectContext, len);
+    r->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
+    auto d = Desc(nullptr, r->owned.data(), len, r);
+    if (!d.ok()) return d.status();
+    void* desc = *d;
+    return Submit(r, [=, this](Request* req) {
+      return cep_ ? fi_send(ep_, req->owned.data(), req->len, desc, 0, &req->fi_ctx)
+                  : fi_tsend(ep_, req->owned.data(), req->len, desc, peer_, kUserTag, &req->fi_ctx);
     });
   }
 
@@ -1291,6 +1343,16 @@ class OfiEndpoint final : public Endpoint {
           RequestCache::Put(r);
         }
         return;
+      }
+      RequestCache::Put(r);
+      return;
+    }
+    if (r->op == OpType::kSend && r->context == kInjectContext) {
+      // The copy of an injected send (Inject): nothing is reported.
+      if (st.ok()) {
+        ++user_sent_ok_;
+      } else if (!closed_ && !dead_) {
+        ZS_LOG(kDebug, "an injected ofi send failed: %s", st.ToString().c_str());
       }
       RequestCache::Put(r);
       return;
