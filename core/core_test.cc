@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <span>
+#include <vector>
 
 #include "core/config.h"
 #include "core/provider.h"
@@ -187,6 +189,63 @@ TEST(CompletionQueue, WakeUpsAreWrittenOncePerSleepAndNeverLost) {
   ASSERT_EQ(cq.Poll(out), 1u);
   EXPECT_EQ(out[0].context, 7u);
   EXPECT_TRUE(cq.Arm()) << "the queue is empty, yet Arm said pending";
+}
+
+// A provider CQ whose Progress reports `contexts` through DirectSlot when it
+// can and Push when it cannot (as ucx reports a finished receive).
+class SlotCq final : public CompletionQueue {
+ public:
+  int wait_fd() const override { return wake_fd(); }
+  std::vector<uint64_t> contexts;
+  int direct = 0;
+
+ protected:
+  size_t Progress() override {
+    for (uint64_t ctx : contexts) {
+      if (Completion* slot = DirectSlot()) {
+        ++direct;
+        slot->context = ctx;
+        slot->op = OpType::kRecv;
+        slot->length = 1;
+        slot->endpoint = nullptr;
+        slot->status = absl::OkStatus();
+      } else {
+        Completion c;
+        c.context = ctx;
+        c.op = OpType::kRecv;
+        Push(std::move(c));
+      }
+    }
+    size_t n = contexts.size();
+    contexts.clear();
+    return n;
+  }
+  bool ArmProvider() override { return true; }
+};
+
+// DirectSlot hands out the slots of the Poll running Progress on this
+// thread, in order and no more than it holds; completions queued before
+// (a Push from outside Progress) come first; outside Poll there is none.
+TEST(CompletionQueue, DirectSlotsFillPollsOutputInOrder) {
+  SlotCq cq;
+  EXPECT_EQ(cq.DirectSlot(), nullptr) << "a slot outside any Poll";
+  Completion out[2];
+  out[0].status = absl::InternalError("stale");  // a slot holds an old value
+  cq.contexts = {1, 2, 3};
+  ASSERT_EQ(cq.Poll(out), 2u);
+  EXPECT_EQ(cq.direct, 2) << "only the two slots Poll offers";
+  EXPECT_EQ(out[0].context, 1u);
+  EXPECT_TRUE(out[0].status.ok()) << out[0].status;
+  EXPECT_EQ(out[1].context, 2u);
+  // The third was queued; it comes before anything a later Progress finds,
+  // which must then not take a slot ahead of it.
+  cq.contexts = {4};
+  ASSERT_EQ(cq.Poll(std::span<Completion>(out, 1)), 1u);
+  EXPECT_EQ(out[0].context, 3u);
+  EXPECT_EQ(cq.direct, 2) << "a slot was given out while a completion waited in the queue";
+  ASSERT_EQ(cq.Poll(std::span<Completion>(out, 1)), 1u);
+  EXPECT_EQ(out[0].context, 4u);
+  EXPECT_EQ(cq.Poll(std::span<Completion>(out, 1)), 0u);
 }
 
 }  // namespace

@@ -54,6 +54,15 @@ bool CompletionQueue::PushDirect(Completion& c) {
   return true;
 }
 
+Completion* CompletionQueue::DirectSlot() {
+  DirectSink* sink = t_sink;
+  if (sink == nullptr || sink->cq != this || sink->n == sink->cap ||
+      ready_size_.load(std::memory_order_acquire) != 0) {
+    return nullptr;
+  }
+  return &sink->out[sink->n++];
+}
+
 void CompletionQueue::Push(Completion c) { PushAll(std::span<Completion>(&c, 1)); }
 
 void CompletionQueue::PushAll(std::span<Completion> cs) {

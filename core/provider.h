@@ -182,6 +182,12 @@ class CompletionQueue {
   void Push(Completion c);
   // Push for a batch, under one lock (moves from `cs`).
   void PushAll(std::span<Completion> cs);
+  // Push without building and moving a Completion, for a provider's
+  // Progress that reports an operation while Poll runs it on this thread
+  // with nothing queued ahead: the next slot of Poll's output, which the
+  // caller must fill completely (it holds an old value). Null otherwise;
+  // then Push.
+  Completion* DirectSlot();
   // Wakes a thread sleeping on wait_fd() after Arm(), for providers that
   // create work outside Progress (e.g. a receive posted for a message that
   // already arrived).

@@ -955,6 +955,7 @@ class Worker {
   // Reports the deferred completions, oldest first. Every other report
   // calls it first (ReportLocked), so an endpoint's sends stay in order.
   size_t ReportInlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool HasInlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !inline_done_.empty(); }
   // A CQ going away: its deferred completions have no reader.
   void ForgetCqLocked(UcxCq* cq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::erase_if(inline_done_, [cq](const auto& e) { return e.first == cq; });
@@ -1454,6 +1455,31 @@ void SettleLocked(Op* op) {
   }
 }
 
+// A user receive that finished first in its endpoint's queue, while the
+// thread polls its CQ with nothing queued (a ping-pong's every message):
+// written straight into Poll's output and the Op recycled, without the
+// Settle / Flush / Report chain and its Completion moves. False when any
+// of that does not hold; the caller then takes the ordinary path.
+bool ReportRecvDirectLocked(Op* op, const ucp_tag_recv_info_t& info) {
+  if (op->kind != Op::Kind::kUserRecv || op->reported) return false;
+  EpCore* c = op->core.get();
+  if (c == nullptr || c->ep == nullptr || c->cq == nullptr || c->recvs.empty() ||
+      c->recvs.front() != op || (c->recvs.size() > 1 && c->recvs[1]->done) ||
+      c->worker->HasInlineLocked()) {
+    return false;  // (a later receive that finished first is flushed with it)
+  }
+  Completion* slot = c->cq->DirectSlot();
+  if (slot == nullptr) return false;
+  c->recvs.pop_front();
+  slot->context = op->context;
+  slot->op = OpType::kRecv;
+  slot->length = info.length;
+  slot->endpoint = c->ep;
+  slot->status = absl::OkStatus();
+  c->worker->FreeOpLocked(op);
+  return true;
+}
+
 void OnSend(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<Op*>(user_data);
   op->ucx_busy = false;
@@ -1468,6 +1494,9 @@ void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
   auto* op = static_cast<Op*>(user_data);
   op->ucx_busy = false;
   ucp_request_free(request);
+  if (status == UCS_OK && info != nullptr && !op->posting && ReportRecvDirectLocked(op, *info)) {
+    return;
+  }
   op->completed = true;
   op->ucx_status = status;
   if (info != nullptr) op->info = *info;
