@@ -608,6 +608,14 @@ class OfiCq final : public CompletionQueue {
     check_liveness_.store(true, std::memory_order_relaxed);
   }
 
+ public:
+  // The next Progress checks the endpoints' liveness (CheckPeer), and a
+  // sleeper wakes for it.
+  void CheckSoon() {
+    check_liveness_.store(true, std::memory_order_relaxed);
+    WakeSleeper();
+  }
+
  private:
   OfiFabric* fabric_;
   // For providers without a CQ wait object (shm): a blocked waiter wakes
@@ -1112,7 +1120,7 @@ class OfiEndpoint final : public Endpoint {
   const EndpointInfo& info() const override { return info_; }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
-    if (context == kInjectContext) return Inject(buf, len);
+    if (context == kInjectContext && fab_->caps().inject_size > 0) return Inject(buf, len);
     if (len <= fab_->inject_size() && fab_->inject_size() > 0) {
       bool injected = false;
       if (absl::Status st = TryInject(buf, len, context, &injected); !st.ok() || injected) return st;
@@ -1348,11 +1356,19 @@ class OfiEndpoint final : public Endpoint {
       return;
     }
     if (r->op == OpType::kSend && r->context == kInjectContext) {
-      // The copy of an injected send (Inject): nothing is reported.
+      // The copy of an injected send (Inject): nothing is reported. A
+      // failed one would leave a gap in what the peer gets while later
+      // messages still arrive: the endpoint goes down instead (CheckPeer,
+      // at the next progress).
       if (st.ok()) {
         ++user_sent_ok_;
-      } else if (!closed_ && !dead_) {
+      } else if (!closed_ && !dead_ && inject_failed_.ok()) {
         ZS_LOG(kDebug, "an injected ofi send failed: %s", st.ToString().c_str());
+        inject_failed_ = MakeError(st.code(), ECONNRESET,
+                                   absl::StrCat("an injected send to ", info_.peer_address,
+                                                " failed: ", st.message()),
+                                   "reconnect; messages after it were not delivered");
+        cq_->CheckSoon();
       }
       RequestCache::Put(r);
       return;
@@ -1378,6 +1394,17 @@ class OfiEndpoint final : public Endpoint {
   // bootstrap socket's end (after the FIN record, if the peer closed
   // gracefully). MSG: FI_SHUTDOWN (or an error) on the event queue.
   bool CheckPeer() {
+    {
+      absl::Status failed;
+      {
+        DomLock lock(&fab_->dom_mu());
+        failed = inject_failed_;
+      }
+      if (!failed.ok()) {
+        Shutdown(failed, /*closed=*/false);
+        return true;
+      }
+    }
     bool gone = false;
     if (!cep_) {
       uint8_t fin[9];
@@ -1774,6 +1801,7 @@ class OfiEndpoint final : public Endpoint {
   absl::Status dead_status_;
   RequestList outstanding_;
   Request* fin_req_ = nullptr;  // MSG: the FIN SendFin waits for
+  absl::Status inject_failed_;  // an injected send's copy failed: going down
   std::deque<std::pair<Request*, PostFn>> backlog_;
   std::vector<std::pair<Request*, absl::Status>> drained_;  // ProgressLocked's scratch
   absl::flat_hash_map<std::string, uint64_t> raw_keys_;

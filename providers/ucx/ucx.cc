@@ -82,11 +82,13 @@ namespace zsock::ucx {
 namespace {
 
 constexpr size_t kMaxMessage = size_t{1} << 30;
-// Capabilities::inject_size. UCX sends this small over shared memory or
-// tcp eagerly, usually inside the call (am_short / bcopy); one that cannot
-// go at once is copied (Op::owned). A few hundred bytes keeps that copy
-// cheap and covers the SDP engine's small Data messages.
-constexpr size_t kInjectSize = 512;
+// Capabilities::inject_size: UCX's eager-short limit on shared memory (UCX
+// 1.13's posix FIFO elements are 128 bytes; `ucp_ep_print_info` shows
+// "0..<egr/short>..93"; tcp's is larger). UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL
+// succeeds only on that short path: a longer injected send would always
+// take the copy (an Op, a request, a callback), costlier than an ordinary
+// send.
+constexpr size_t kInjectSize = 92;
 constexpr uint32_t kHelloMagic = 0x5843555a;  // "ZUCX"
 constexpr uint16_t kWireVersion = 1;
 constexpr size_t kMaxWireField = 64 * 1024;
@@ -1913,13 +1915,26 @@ class UcxEndpoint final : public Endpoint {
     p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
     void* req = ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &p);
     if (req == nullptr) return absl::OkStatus();
-    if (!UCS_PTR_IS_ERR(req)) {  // UCX ignored the flag: wait, the buffer is still UCX's
-      ucs_status_t st;
-      do {
+    if (!UCS_PTR_IS_ERR(req)) {
+      // UCX ignored the flag (1.13 does not): the buffer is still UCX's, so
+      // wait, a bounded time; then cancel, and the send is lost like one to
+      // a peer that failed.
+      ucs_status_t st = UCS_INPROGRESS;
+      const int64_t deadline = CoarseNowNs() + int64_t{1000000000};
+      while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && CoarseNowNs() < deadline) {
         ucp_worker_progress(c->worker->handle());
-        st = ucp_request_check_status(req);
-      } while (st == UCS_INPROGRESS);
+      }
+      if (st == UCS_INPROGRESS) {
+        // Stuck (docs/ucx.md: after some shared-memory peer deaths): cancel
+        // and give it a moment more; a request UCX still keeps then is left
+        // to it (freed when it finishes), and the send reported failed.
+        ucp_request_cancel(c->worker->handle(), req);
+        for (int i = 0; i < 1000 && (st = ucp_request_check_status(req)) == UCS_INPROGRESS; ++i) {
+          ucp_worker_progress(c->worker->handle());
+        }
+      }
       ucp_request_free(req);
+      if (st == UCS_INPROGRESS) st = UCS_ERR_TIMED_OUT;
       return st == UCS_OK ? absl::OkStatus() : UcsError(st, "ucx injected send failed");
     }
     if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
