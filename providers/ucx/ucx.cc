@@ -1940,23 +1940,9 @@ class UcxEndpoint final : public Endpoint {
     if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
       return UcsError(UCS_PTR_STATUS(req), "ucx injected send failed");
     }
-    auto* op = new Op{Op::Kind::kInjectSend};
-    op->core = core_;
-    op->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = OnSend;
-    p.user_data = op;
-    c->others.insert(op);
-    ucs_status_t st = Submit(op, [&] {
-      return ucp_tag_send_nbx(c->uep, op->owned.data(), op->owned.size(), c->SendTag(false), &p);
-    });
-    if (st != UCS_OK) {
-      c->others.erase(op);
-      delete op;
-      return UcsError(st, "ucx injected send failed");
-    }
-    if (op->completed) SettleLocked(op);
-    return absl::OkStatus();
+    return SendCopyLocked(c, Op::Kind::kInjectSend,
+                          std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
+                          "ucx injected send failed");
   }
 
   absl::Status SendControl(std::span<const uint8_t> msg) override {
@@ -1964,7 +1950,15 @@ class UcxEndpoint final : public Endpoint {
     MutexLock lock(&c->worker->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
-    auto* op = new Op{Op::Kind::kControlSend};
+    return SendCopyLocked(c, Op::Kind::kControlSend, msg, "sending a ucx control message failed");
+  }
+
+  // Sends a copy of `msg` that reports no completion (kInjectSend on the
+  // user tag, kControlSend on the control tag): the Op owns the bytes and
+  // waits in EpCore::others until UCX finishes it.
+  absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
+                              absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
+    auto* op = new Op{kind};
     op->core = core_;
     op->owned.assign(msg.begin(), msg.end());
     ucp_request_param_t p{};
@@ -1972,13 +1966,13 @@ class UcxEndpoint final : public Endpoint {
     p.cb.send = OnSend;
     p.user_data = op;
     c->others.insert(op);
-    ucs_status_t st = Submit(op, [&] {
-      return ucp_tag_send_nbx(c->uep, op->owned.data(), op->owned.size(), c->SendTag(true), &p);
-    });
+    const uint64_t tag = c->SendTag(kind == Op::Kind::kControlSend);
+    ucs_status_t st = Submit(
+        op, [&] { return ucp_tag_send_nbx(c->uep, op->owned.data(), op->owned.size(), tag, &p); });
     if (st != UCS_OK) {
       c->others.erase(op);
       delete op;
-      return UcsError(st, "sending a ucx control message failed");
+      return UcsError(st, what);
     }
     if (op->completed) SettleLocked(op);
     return absl::OkStatus();
