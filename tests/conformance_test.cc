@@ -825,11 +825,18 @@ TEST_P(Conformance, RemoteKeyOutOfBoundsIsRefused) {
       return 0;
     }));
   }
+  // Every child's handshake first, then the keys: a key's send waits for
+  // the provider's connection to that child (rxm connects on first use),
+  // and under a loaded CI machine seven of those one after another kept
+  // the last children's handshakes waiting past their timeout.
   std::vector<std::unique_ptr<Endpoint>> eps;
   for (size_t i = 0; i < cases.size(); ++i) {
     eps.push_back(AcceptOne());
     ASSERT_NE(eps.back(), nullptr);
-    ASSERT_TRUE(SendBlob(eps.back().get(), key_bytes).ok());
+  }
+  for (auto& ep : eps) {
+    absl::Status st = SendBlob(ep.get(), key_bytes);
+    ASSERT_TRUE(st.ok()) << st;
   }
   // The target keeps progressing (emulated accesses are served by it) until
   // every child is done.
