@@ -1906,8 +1906,8 @@ class UcxEndpoint final : public Endpoint {
 
   // An injected send (Capabilities::inject_size): UCX finishes it inside
   // the call (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: the common case, a message
-  // that fits the transport's short or bcopy path while nothing is queued)
-  // or it goes from a copy. UCP keeps the endpoint's sends in order either
+  // on the transport's eager-short path while nothing is queued) or it goes
+  // from a copy. UCP keeps the endpoint's sends in order either
   // way; no completion is reported.
   absl::Status InjectLocked(EpCore* c, const void* buf, size_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
