@@ -2,9 +2,12 @@
 // configuration string resolves to a libfabric provider, and the errors for
 // one that does not exist or cannot run here.
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,6 +83,33 @@ TEST(OfiOpen, CqWaitChoosesTheCqWaitObject) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "cq_wait=sometimes")) << bad.status();
+}
+
+// zsock's rxm defaults (docs/ofi.md: memory per connection, connection
+// set-up time) apply when nothing set them, and yield to the environment.
+// In a child: libfabric reads them once per process, and the test must not
+// change the environment of the others.
+TEST(OfiOpen, RxmDefaultsApplyUnlessTheEnvironmentSetsThem) {
+  auto run = [](const char* preset) -> int {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::unsetenv("FI_OFI_RXM_MSG_RX_SIZE");
+      ::unsetenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL");
+      if (preset != nullptr) ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", preset, 1);
+      auto f = Fabric::Open("ofi:tcp;ofi_rxm?iface=lo");
+      if (!f.ok()) ::_exit(10);
+      const char* rx = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+      const char* cm = std::getenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL");
+      if (rx == nullptr || std::string(rx) != "128") ::_exit(11);
+      if (cm == nullptr || std::string(cm) != (preset != nullptr ? preset : "1000")) ::_exit(12);
+      ::_exit(0);
+    }
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status);
+  };
+  EXPECT_EQ(run(nullptr), 0) << "10: open failed, 11: MSG_RX_SIZE, 12: CM_PROGRESS_INTERVAL";
+  EXPECT_EQ(run("5000"), 0) << "the environment's value must win";
 }
 
 // Connecting where nobody listens fails at once saying so, on both
