@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -590,10 +591,12 @@ class OfiCq final : public CompletionQueue {
     Watch(wake_fd());
     if (timer_) Watch(timer_.get());
   }
-  void Watch(int fd) {
+  // `owner`: the endpoint whose liveness the fd signals (its bootstrap
+  // socket or MSG event queue), null for the others.
+  void Watch(int fd, const OfiEndpoint* owner = nullptr) {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
+    ev.data.ptr = const_cast<OfiEndpoint*>(owner);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
   void Unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
@@ -619,6 +622,7 @@ class OfiCq final : public CompletionQueue {
   // The next Progress checks the endpoints' liveness (CheckPeer), and a
   // sleeper wakes for it.
   void CheckSoon() {
+    check_all_.store(true, std::memory_order_relaxed);
     check_liveness_.store(true, std::memory_order_relaxed);
     WakeSleeper();
   }
@@ -639,7 +643,15 @@ class OfiCq final : public CompletionQueue {
   // Control messages drained and not yet handed on (see Progress).
   std::deque<std::pair<OfiEndpoint*, std::vector<uint8_t>>> pending_control_;
   std::atomic<bool> check_liveness_{false};
+  std::atomic<bool> check_all_{false};  // CheckSoon: every endpoint, readable or not
   std::atomic<int64_t> last_liveness_ns_{0};
+  // The endpoints whose liveness fd is readable (CollectReadyLocked): only
+  // they are checked, one epoll_wait instead of a system call or two per
+  // endpoint on every wake-up and liveness tick. Compared, never followed:
+  // an event may name an endpoint already gone.
+  void CollectReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::flat_hash_set<const void*> ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<epoll_event> ready_events_ ABSL_GUARDED_BY(mu_);
 };
 
 // ------------------------------------------------------------ fabric
@@ -1054,9 +1066,10 @@ class OfiEndpoint final : public Endpoint {
               fi_addr_t peer, Fd oob, EndpointInfo info)
       : Endpoint(fabric, cq), fab_(fabric), cq_(cq), ep_(ep), av_(av), fcq_(fcq), fcq_fd_(fcq_fd),
         peer_(peer), oob_(std::move(oob)), info_(std::move(info)) {
-    cq_->Watch(oob_.get());
-    if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+    liveness_by_readiness_ = oob_.get() >= 0;
     cq_->Attach(this);
+    cq_->Watch(oob_.get(), this);
+    if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
   }
   // A connected (FI_EP_MSG) endpoint: `ep` carries user messages and RMA,
   // `cep` core's control messages; `eq` (wait fd `eq_fd`) reports their
@@ -1079,9 +1092,20 @@ class OfiEndpoint final : public Endpoint {
       if (fi_getpeer(ep_, &ss, &len) == 0) info_.peer_address = FormatHostPort(ss);
       connected_ = true;
     }
+    // Not by readiness: libfabric tcp queues FI_SHUTDOWN (and signals the
+    // event queue's fd) only from its own progress, which fi_eq_read
+    // drives, so CheckPeer reads the queue at every wake-up and tick.
+    liveness_by_readiness_ = false;
+    cq_->Attach(this);
     if (eq_fd_ >= 0) cq_->Watch(eq_fd_);
     if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
-    cq_->Attach(this);
+  }
+  // Whether a readable fd (OfiCq::Watch's owner) announces everything
+  // CheckPeer looks for: the bootstrap socket (RDM: the peer's FIN and
+  // end), until the end is known and only the linger is left.
+  // Set before Attach publishes the endpoint (under the CQ's mutex).
+  bool LivenessByReadiness() const {
+    return liveness_by_readiness_ && !lingering_.load(std::memory_order_relaxed);
   }
 
   ~OfiEndpoint() override {
@@ -1442,6 +1466,7 @@ class OfiEndpoint final : public Endpoint {
         const int64_t now = CoarseNowNs();
         if (wait_for_data && !peer_closed_) {
           peer_closed_ = true;
+          lingering_.store(true, std::memory_order_relaxed);
           last_delivery_ns_ = now;
         }
         // What the peer sent is here or in flight: a receive that stays
@@ -1786,6 +1811,7 @@ class OfiEndpoint final : public Endpoint {
   fid_ep* cep_ = nullptr;  // MSG: the control connection
   fid_eq* eq_ = nullptr;   // MSG: connection events of ep_ and cep_
   int eq_fd_ = -1;
+  bool liveness_by_readiness_ = false;  // see LivenessByReadiness
   bool eq_gone_ = false;   // MSG: FI_SHUTDOWN seen
   bool data_gone_ = false; // MSG: ... on the data connection
   const bool msg_ep_ = cep_ != nullptr;
@@ -1798,6 +1824,10 @@ class OfiEndpoint final : public Endpoint {
   bool fin_ = false;            // the peer announced its close
   uint64_t fin_count_ = 0;      // ... after sending this many messages
   bool peer_closed_ = false;    // its socket closed; delivering what it sent
+  // peer_closed_, for OfiCq::Progress: the end is known, and CheckPeer
+  // finishes it later with no fd turning readable again (the event queue's
+  // FI_SHUTDOWN was read): checked at every wake-up and tick.
+  std::atomic<bool> lingering_{false};
   int64_t last_delivery_ns_ = 0;  // last user receive completion (or the close)
   fi_addr_t peer_;
   Fd oob_;
@@ -1871,10 +1901,26 @@ size_t OfiCq::Progress() {
     // Liveness after draining: a FIN already received decides how a
     // closed socket is treated.
     if (check) {
-      for (OfiEndpoint* ep : endpoints_) ep->CheckPeer();
+      const bool all = check_all_.exchange(false, std::memory_order_relaxed);
+      if (!all) CollectReadyLocked();
+      for (OfiEndpoint* ep : endpoints_) {
+        if (all || !ep->LivenessByReadiness() || ready_.contains(ep)) ep->CheckPeer();
+      }
     }
   }
   return done;
+}
+
+void OfiCq::CollectReadyLocked() {
+  ready_.clear();
+  // Room for every watched fd in one call (level-triggered: a second call
+  // would return the same ready fds again, not the rest). Per endpoint: its
+  // liveness fd and its fi CQ's; then the wake fd and the timer.
+  ready_events_.resize(2 * endpoints_.size() + 2);
+  int k = ::epoll_wait(epoll_.get(), ready_events_.data(), static_cast<int>(ready_events_.size()), 0);
+  for (int i = 0; i < k; ++i) {
+    if (ready_events_[i].data.ptr != nullptr) ready_.insert(ready_events_[i].data.ptr);
+  }
 }
 
 bool OfiCq::ArmProvider() {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -457,14 +458,15 @@ class UnetCq final : public CompletionQueue {
     int epfd = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0) return ErrnoError(errno, "epoll_create1 for a unet CQ failed", "raise the fd limit (ulimit -n)");
     Fd ep(epfd);
+    // The eventfds carry no endpoint (data 0); an endpoint's socket and
+    // pidfd carry the endpoint (Attach).
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.fd = efd;
+    ev.data.u64 = 0;
     if (::epoll_ctl(epfd, EPOLL_CTL_ADD, efd, &ev) != 0) {
       return ErrnoError(errno, "adding the eventfd to the unet CQ epoll set failed");
     }
     auto cq = std::unique_ptr<UnetCq>(new UnetCq(std::move(event), std::move(ep)));
-    ev.data.fd = cq->wake_fd();
     if (::epoll_ctl(epfd, EPOLL_CTL_ADD, cq->wake_fd(), &ev) != 0) {
       return ErrnoError(errno, "adding the wake eventfd to the unet CQ epoll set failed");
     }
@@ -483,19 +485,30 @@ class UnetCq final : public CompletionQueue {
   size_t Progress() override;
   bool ArmProvider() override;
   void ClearWakeup() override {
+    // One read: an eventfd's read returns its whole count and zeroes it.
     uint64_t v;
-    while (::read(event_.get(), &v, sizeof(v)) == sizeof(v)) {}
+    ssize_t rc = ::read(event_.get(), &v, sizeof(v));
+    (void)rc;  // EAGAIN: woken by something else
     check_liveness_.store(true, std::memory_order_relaxed);
   }
 
  private:
   UnetCq(Fd event, Fd epoll) : event_(std::move(event)), epoll_(std::move(epoll)) {}
+  // Collects in ready_ the endpoints whose socket or pidfd is readable (a
+  // peer's message on the socket, its end, or its exit), for Progress to
+  // look at: one epoll_wait instead of three system calls per endpoint on
+  // every wake-up and liveness tick (a CQ with 500 idle connections made
+  // each wake-up 0.6 ms). The pointers are only compared with endpoints_,
+  // never followed: an event may name an endpoint already gone.
+  void CollectReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Fd event_;
   Fd epoll_;
   Mutex mu_;
   std::vector<UnetEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> check_liveness_{false};
   std::atomic<int64_t> last_liveness_ns_{0};
+  absl::flat_hash_set<const void*> ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<epoll_event> ready_events_ ABSL_GUARDED_BY(mu_);
 };
 
 // ------------------------------------------------------------ fabric
@@ -866,7 +879,9 @@ class UnetEndpoint final : public Endpoint {
     FailEmulated(MakeError(absl::StatusCode::kCancelled, ECANCELED, "the endpoint was closed"));
   }
 
-  // Called by UnetCq::Progress.
+  // Called by UnetCq::Progress. check_liveness: the socket or pidfd is
+  // readable (UnetCq::CollectReadyLocked): read the socket's messages, look
+  // for the peer's end.
   size_t Progress(bool check_liveness);
   // Whether Progress would find work; sets the armed flag first.
   bool ArmAndCheck();
@@ -1517,15 +1532,26 @@ bool UnetEndpoint::ArmAndCheck() {
 UnetCq::~UnetCq() = default;
 
 void UnetCq::Attach(UnetEndpoint* ep, int watch_fd, int pidfd) {
+  MutexLock lock(&mu_);
+  endpoints_.push_back(ep);
   for (int fd : {watch_fd, pidfd}) {
     if (fd < 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
+    ev.data.ptr = ep;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
-  MutexLock lock(&mu_);
-  endpoints_.push_back(ep);
+}
+
+void UnetCq::CollectReadyLocked() {
+  ready_.clear();
+  // Room for every watched fd in one call: the set is level-triggered, so
+  // a second call would return the same ready fds again, not the rest.
+  ready_events_.resize(2 * endpoints_.size() + 2);
+  int k = ::epoll_wait(epoll_.get(), ready_events_.data(), static_cast<int>(ready_events_.size()), 0);
+  for (int i = 0; i < k; ++i) {
+    if (ready_events_[i].data.ptr != nullptr) ready_.insert(ready_events_[i].data.ptr);
+  }
 }
 
 void UnetCq::Detach(UnetEndpoint* ep, int watch_fd, int pidfd) {
@@ -1546,8 +1572,9 @@ size_t UnetCq::Progress() {
     check = true;
   }
   MutexLock lock(&mu_);
+  if (check) CollectReadyLocked();
   size_t n = 0;
-  for (UnetEndpoint* ep : endpoints_) n += ep->Progress(check);
+  for (UnetEndpoint* ep : endpoints_) n += ep->Progress(check && ready_.contains(ep));
   return n;
 }
 

@@ -1,0 +1,260 @@
+// wakeup_bench: the round trip of sporadic traffic, where both sides sleep
+// between messages, beside kernel TCP. zsock_bench and provider_bench
+// measure busy traffic, where a reply arrives within the spin and nobody
+// sleeps; an RPC service with gaps between requests pays the wake-ups
+// instead: the server wakes for the request, the client for the reply.
+//
+//   bazel run -c opt //bench:wakeup_bench -- [--level=provider|sockets]
+//       [--provider=unet] [--gap_us=1000] [--rounds=300] [--idle=0]
+//
+// --level=provider: two processes, an Endpoint each, every wait a
+//   CompletionQueue::Wait (spin_us of spinning, then sleep on the CQ fd);
+//   --idle=N more connections from the client sit idle on the server's CQ
+//   (how a wake-up scales with the connections a CQ holds).
+// --level=sockets: the zs_* calls (SDP over --provider), then the same over
+//   kernel TCP sockets (TCP_NODELAY) with the same gaps.
+// Processes are not pinned: a sleeping process wakes where the scheduler
+// puts it, as an unpinned service's would. Prints p50/p90/p99 round trip in
+// microseconds (64-byte messages).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/provider.h"
+#include "sockets/zsock.h"
+
+ABSL_FLAG(std::string, level, "provider", "provider (Endpoint API) or sockets (zs_* beside kernel TCP)");
+ABSL_FLAG(std::string, provider, "unet", "fabric config string");
+ABSL_FLAG(int, gap_us, 1000, "idle time between round trips (both sides fall asleep)");
+ABSL_FLAG(int, rounds, 300, "round trips measured (one more warms up)");
+ABSL_FLAG(int, idle, 0, "provider level: idle connections on the server's CQ besides the measured one");
+
+namespace zsock {
+namespace {
+
+constexpr size_t kMsg = 64;
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "wakeup_bench: %s\n", what.c_str());
+  std::_Exit(1);
+}
+
+// The child's listener address, in one fixed-size record on a pipe.
+void WriteRecord(int fd, const std::string& s) {
+  char rec[256] = {};
+  std::snprintf(rec, sizeof(rec), "%s", s.c_str());
+  if (::write(fd, rec, sizeof(rec)) != static_cast<ssize_t>(sizeof(rec))) Die("pipe write failed");
+}
+std::string ReadRecord(int fd) {
+  char rec[256] = {};
+  size_t got = 0;
+  while (got < sizeof(rec)) {
+    ssize_t n = ::read(fd, rec + got, sizeof(rec) - got);
+    if (n <= 0) Die("the server died before it listened");
+    got += static_cast<size_t>(n);
+  }
+  rec[sizeof(rec) - 1] = '\0';
+  return rec;
+}
+
+void Report(const std::string& name, std::vector<double> rtt) {
+  std::sort(rtt.begin(), rtt.end());
+  auto at = [&](double q) { return rtt[std::min(rtt.size() - 1, static_cast<size_t>(rtt.size() * q))]; };
+  std::printf("%-40s gap %6d us  rtt p50 %8.1f  p90 %8.1f  p99 %8.1f us\n", name.c_str(),
+              absl::GetFlag(FLAGS_gap_us), at(0.5), at(0.9), at(0.99));
+  std::fflush(stdout);
+}
+
+// The next completion of kind `want` (others, the sends', are skipped).
+void Next(CompletionQueue* cq, OpType want) {
+  Completion c;
+  for (;;) {
+    auto n = cq->Wait(std::span<Completion>(&c, 1), absl::Seconds(30));
+    if (!n.ok()) Die(n.status().ToString());
+    if (*n == 0) Die("nothing arrived in 30 s");
+    if (!c.status.ok()) Die(c.status.ToString());
+    if (c.op == want) return;
+  }
+}
+
+void ProviderLevel() {
+  const std::string config = absl::GetFlag(FLAGS_provider);
+  const int rounds = absl::GetFlag(FLAGS_rounds), idle = absl::GetFlag(FLAGS_idle);
+  const int gap = absl::GetFlag(FLAGS_gap_us);
+  int p[2];
+  if (::pipe(p) != 0) Die("pipe failed");
+  pid_t child = ::fork();
+  if (child < 0) Die("fork failed");
+  if (child == 0) {
+    auto f = Fabric::Open(config);
+    if (!f.ok()) Die(f.status().ToString());
+    auto l = (*f)->Listen(absl::StartsWith(config, "unet") ? "" : "127.0.0.1:0");
+    if (!l.ok()) Die(l.status().ToString());
+    WriteRecord(p[1], (*l)->address());
+    auto cq = (*f)->CreateCq();
+    if (!cq.ok()) Die(cq.status().ToString());
+    std::vector<std::unique_ptr<Endpoint>> eps;
+    for (int i = 0; i <= idle; ++i) {
+      auto e = (*l)->Accept(cq->get(), absl::Seconds(30));
+      if (!e.ok()) Die(e.status().ToString());
+      eps.push_back(std::move(*e));
+    }
+    Endpoint* e = eps.back().get();  // the client connects the measured one last
+    char in[kMsg], out[kMsg] = {};
+    for (int i = 0; i <= rounds; ++i) {
+      if (auto st = e->PostRecv(in, sizeof(in), nullptr, 1); !st.ok()) Die(st.ToString());
+      Next(cq->get(), OpType::kRecv);
+      if (auto st = e->Send(out, sizeof(out), nullptr, 2); !st.ok()) Die(st.ToString());
+      Next(cq->get(), OpType::kSend);
+    }
+    // Until the client is done: its last send completion may need us.
+    char end;
+    if (auto st = e->PostRecv(&end, 1, nullptr, 3); !st.ok()) Die(st.ToString());
+    Completion c;
+    (void)(*cq)->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
+    std::_Exit(0);
+  }
+  const std::string address = ReadRecord(p[0]);
+  auto f = Fabric::Open(config);
+  if (!f.ok()) Die(f.status().ToString());
+  auto idle_cq = (*f)->CreateCq();
+  auto cq = (*f)->CreateCq();
+  if (!idle_cq.ok() || !cq.ok()) Die("creating the CQs failed");
+  std::vector<std::unique_ptr<Endpoint>> idles;
+  for (int i = 0; i < idle; ++i) {
+    auto e = (*f)->Connect(address, idle_cq->get(), absl::Seconds(30));
+    if (!e.ok()) Die(e.status().ToString());
+    idles.push_back(std::move(*e));
+  }
+  auto e = (*f)->Connect(address, cq->get(), absl::Seconds(30));
+  if (!e.ok()) Die(e.status().ToString());
+  char in[kMsg], out[kMsg] = {};
+  std::vector<double> rtt;
+  for (int i = 0; i <= rounds; ++i) {
+    ::usleep(static_cast<useconds_t>(gap));
+    const absl::Time t0 = absl::Now();
+    if (auto st = (*e)->PostRecv(in, sizeof(in), nullptr, 1); !st.ok()) Die(st.ToString());
+    if (auto st = (*e)->Send(out, sizeof(out), nullptr, 2); !st.ok()) Die(st.ToString());
+    Next(cq->get(), OpType::kRecv);  // the reply (the send's completion may come later)
+    if (i > 0) rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  char end = 0;
+  if (auto st = (*e)->Send(&end, 1, nullptr, 4); !st.ok()) Die(st.ToString());
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  Report(absl::StrCat(config, " provider, ", idle, " idle conn."), rtt);
+}
+
+// kernel: the same over kernel TCP sockets; else zs_* (SDP over --provider).
+void SocketsLevel(bool zs) {
+  auto sock = [zs](int d, int t) { return zs ? zs_socket(d, t, 0) : ::socket(d, t, 0); };
+  auto bind_ = [zs](int fd, sockaddr_in* a) {
+    return zs ? zs_bind(fd, reinterpret_cast<sockaddr*>(a), sizeof(*a))
+              : ::bind(fd, reinterpret_cast<sockaddr*>(a), sizeof(*a));
+  };
+  auto send_ = [zs](int fd, const void* b, size_t n) {
+    return zs ? zs_send(fd, b, n, MSG_NOSIGNAL) : ::send(fd, b, n, MSG_NOSIGNAL);
+  };
+  auto recv_all = [zs](int fd, void* b, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t k = zs ? zs_recv(fd, static_cast<char*>(b) + got, n - got, 0)
+                     : ::recv(fd, static_cast<char*>(b) + got, n - got, 0);
+      if (k <= 0) Die(absl::StrCat("receive failed: ", k == 0 ? "end of stream" : std::strerror(errno)));
+      got += static_cast<size_t>(k);
+    }
+  };
+  auto nodelay = [zs](int fd) {
+    int one = 1;
+    return zs ? zs_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one))
+              : ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  };
+  const int rounds = absl::GetFlag(FLAGS_rounds), gap = absl::GetFlag(FLAGS_gap_us);
+  int p[2];
+  if (::pipe(p) != 0) Die("pipe failed");
+  pid_t child = ::fork();
+  if (child < 0) Die("fork failed");
+  if (child == 0) {
+    int l = sock(AF_INET, SOCK_STREAM);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (l < 0 || bind_(l, &a) != 0 || (zs ? zs_listen(l, 8) : ::listen(l, 8)) != 0 ||
+        (zs ? zs_getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)
+            : ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)) != 0) {
+      Die(absl::StrCat("listen failed: ", std::strerror(errno)));
+    }
+    WriteRecord(p[1], std::to_string(ntohs(a.sin_port)));
+    int c = zs ? zs_accept(l, nullptr, nullptr) : ::accept(l, nullptr, nullptr);
+    if (c < 0 || nodelay(c) != 0) Die(absl::StrCat("accept failed: ", std::strerror(errno)));
+    char b[kMsg];
+    for (int i = 0; i <= rounds; ++i) {
+      recv_all(c, b, sizeof(b));
+      if (send_(c, b, sizeof(b)) != static_cast<ssize_t>(sizeof(b))) Die("reply failed");
+    }
+    recv_all(c, b, 1);  // the client's end
+    std::_Exit(0);
+  }
+  const int port = std::atoi(ReadRecord(p[0]).c_str());
+  int s = sock(AF_INET, SOCK_STREAM);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (s < 0 || (zs ? zs_connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a))
+                   : ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a))) != 0 ||
+      nodelay(s) != 0) {
+    Die(absl::StrCat("connect failed: ", std::strerror(errno)));
+  }
+  char b[kMsg] = {};
+  std::vector<double> rtt;
+  for (int i = 0; i <= rounds; ++i) {
+    ::usleep(static_cast<useconds_t>(gap));
+    const absl::Time t0 = absl::Now();
+    if (send_(s, b, sizeof(b)) != static_cast<ssize_t>(sizeof(b))) Die("send failed");
+    recv_all(s, b, sizeof(b));
+    if (i > 0) rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  if (send_(s, b, 1) != 1) Die("send failed");
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (zs) zs_close(s); else ::close(s);
+  Report(zs ? absl::StrCat(absl::GetFlag(FLAGS_provider), " sockets (SDP)") : "kernel TCP sockets", rtt);
+}
+
+}  // namespace
+}  // namespace zsock
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string level = absl::GetFlag(FLAGS_level);
+  if (absl::GetFlag(FLAGS_rounds) < 1) zsock::Die("--rounds must be at least 1");
+  if (absl::GetFlag(FLAGS_gap_us) < 0) zsock::Die("--gap_us must not be negative");
+  if (level == "provider") {
+    zsock::ProviderLevel();
+  } else if (level == "sockets") {
+    // The sockets layer reads its provider from the configuration.
+    ::setenv("ZSOCK_PROVIDER", absl::GetFlag(FLAGS_provider).c_str(), 1);
+    zsock::SocketsLevel(true);
+    zsock::SocketsLevel(false);
+  } else {
+    zsock::Die(absl::StrCat("--level must be provider or sockets, not '", level, "'"));
+  }
+  return 0;
+}
