@@ -1188,6 +1188,87 @@ TEST_P(Conformance, SixtyFourConcurrentEndpoints) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// Several peers on one CQ; one is killed while the parent sleeps in Wait.
+// That endpoint's receive fails promptly and the others, whose liveness
+// signals stayed quiet, still work: unet and ofi's RDM endpoints look only
+// at the endpoints whose socket or pidfd turned readable, so a wrong pick
+// would miss the death or fail a live peer.
+TEST_P(Conformance, KilledPeerAmongSeveralFailsOnlyItsEndpoint) {
+  constexpr int kPeers = 6;
+  std::vector<pid_t> children;
+  for (int i = 0; i < kPeers; ++i) {
+    children.push_back(Spawn([&]() -> int {
+      ChildConn c = ChildConnect();
+      for (;;) {
+        auto msg = RecvBlob(c.ep.get());
+        CHILD_OK(msg.status());
+        if (*msg == "pid?") {
+          CHILD_OK(SendBlob(c.ep.get(), std::to_string(getpid())));
+        } else {
+          CHILD_OK(SendBlob(c.ep.get(), *msg));  // the echo ends it
+          return 0;
+        }
+      }
+    }));
+  }
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  for (int i = 0; i < kPeers; ++i) {
+    eps.push_back(AcceptOne());
+    ASSERT_NE(eps.back(), nullptr);
+  }
+  // Which child is behind which endpoint.
+  std::vector<pid_t> pid_of(kPeers);
+  for (int i = 0; i < kPeers; ++i) {
+    ASSERT_TRUE(SendBlob(eps[i].get(), "pid?").ok());
+    auto pid = RecvBlob(eps[i].get());
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    pid_of[i] = static_cast<pid_t>(std::stol(*pid));
+  }
+  constexpr int kVictim = 2;
+  std::vector<std::string> in(kPeers, std::string(64, '\0'));
+  for (int i = 0; i < kPeers; ++i) {
+    ASSERT_TRUE(eps[i]->PostRecv(in[i].data(), in[i].size(), nullptr, 100 + i).ok());
+  }
+  // The parent is asleep in Wait when the peer dies (spin_us is 20 us).
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    kill(pid_of[kVictim], SIGKILL);
+  });
+  auto failed = WaitOne(cq_.get(), absl::Seconds(5));
+  killer.join();
+  EXPECT_EQ(Reap(pid_of[kVictim]), -SIGKILL);
+  ASSERT_TRUE(failed.ok()) << "the death of a peer among " << kPeers << " went unnoticed: "
+                           << failed.status();
+  EXPECT_FALSE(failed->status.ok());
+  EXPECT_EQ(failed->context, uint64_t{100 + kVictim}) << failed->status;
+  EXPECT_EQ(failed->endpoint, eps[kVictim].get());
+  // Nothing else happened to the others, and they still answer.
+  Completion extra;
+  EXPECT_EQ(cq_->Poll(std::span<Completion>(&extra, 1)), 0u) << extra.status;
+  int echoes = 0, sends = 0;
+  for (int i = 0; i < kPeers; ++i) {
+    if (i == kVictim) continue;
+    ASSERT_TRUE(eps[i]->Send("bye", 3, nullptr, 200 + i).ok());
+  }
+  while (echoes < kPeers - 1 || sends < kPeers - 1) {
+    auto c = WaitOne(cq_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(c->status.ok()) << "context " << c->context << ": " << c->status;
+    if (c->op == OpType::kSend) {
+      ++sends;
+      continue;
+    }
+    const int i = static_cast<int>(c->context) - 100;
+    ASSERT_TRUE(i >= 0 && i < kPeers && i != kVictim) << c->context;
+    EXPECT_EQ(in[i].substr(0, c->length), "bye");
+    ++echoes;
+  }
+  for (int i = 0; i < kPeers; ++i) {
+    if (i == kVictim) continue;
+    EXPECT_EQ(Reap(pid_of[i]), 0) << "child " << i;
+  }
+}
+
 // A message longer than the posted receive fails that receive. After it the
 // next message arrives intact, or (libfabric tcp drops the connection on a
 // truncation, as on a refused access) the connection reports an error:
