@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "absl/time/clock.h"
-#include "core/clock.h"
 #include "core/config.h"
 #include "core/mutex.h"
 #include "core/log.h"
@@ -173,15 +172,10 @@ absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
                                ? INT64_MAX
                                : start + absl::ToInt64Nanoseconds(timeout);
   // Phase 1: spin.
-  int64_t next_yield = start + kSpinYieldNs;
   for (;;) {
     if (size_t n = Poll(out); n > 0) return n;
     int64_t now = absl::GetCurrentTimeNanos();
     if (now - start >= spin_ns || now >= deadline) break;
-    if (now >= next_yield) {
-      SpinYield();
-      next_yield = now + kSpinYieldNs;
-    }
   }
   // Phase 2: block on the wait fd.
   for (;;) {
