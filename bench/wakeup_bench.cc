@@ -80,14 +80,16 @@ void Report(const std::string& name, std::vector<double> rtt) {
   std::fflush(stdout);
 }
 
-// The next completion of kind `want` (others, the sends', are skipped).
-void Next(CompletionQueue* cq, OpType want) {
+// Waits for the next completion of kind `want`; send completions met on
+// the way are counted in *sends.
+void Next(CompletionQueue* cq, OpType want, int* sends = nullptr) {
   Completion c;
   for (;;) {
     auto n = cq->Wait(std::span<Completion>(&c, 1), absl::Seconds(30));
     if (!n.ok()) Die(n.status().ToString());
     if (*n == 0) Die("nothing arrived in 30 s");
     if (!c.status.ok()) Die(c.status.ToString());
+    if (c.op == OpType::kSend && sends != nullptr) ++*sends;
     if (c.op == want) return;
   }
 }
@@ -101,6 +103,7 @@ void ProviderLevel() {
   pid_t child = ::fork();
   if (child < 0) Die("fork failed");
   if (child == 0) {
+    ::close(p[0]);
     auto f = Fabric::Open(config);
     if (!f.ok()) Die(f.status().ToString());
     auto l = (*f)->Listen(absl::StartsWith(config, "unet") ? "" : "127.0.0.1:0");
@@ -129,6 +132,7 @@ void ProviderLevel() {
     (void)(*cq)->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
     std::_Exit(0);
   }
+  ::close(p[1]);  // a server that dies before listening ends the read
   const std::string address = ReadRecord(p[0]);
   auto f = Fabric::Open(config);
   if (!f.ok()) Die(f.status().ToString());
@@ -145,16 +149,26 @@ void ProviderLevel() {
   if (!e.ok()) Die(e.status().ToString());
   char in[kMsg], out[kMsg] = {};
   std::vector<double> rtt;
+  int sent = 0;
   for (int i = 0; i <= rounds; ++i) {
     ::usleep(static_cast<useconds_t>(gap));
     const absl::Time t0 = absl::Now();
     if (auto st = (*e)->PostRecv(in, sizeof(in), nullptr, 1); !st.ok()) Die(st.ToString());
     if (auto st = (*e)->Send(out, sizeof(out), nullptr, 2); !st.ok()) Die(st.ToString());
-    Next(cq->get(), OpType::kRecv);  // the reply (the send's completion may come later)
+    Next(cq->get(), OpType::kRecv, &sent);  // the reply (the send's completion may come later)
     if (i > 0) rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   char end = 0;
   if (auto st = (*e)->Send(&end, 1, nullptr, 4); !st.ok()) Die(st.ToString());
+  // Every send's completion, the end's last (sends complete in order):
+  // some providers move a send only while its sender progresses.
+  while (sent < rounds + 2) {
+    Completion c;
+    auto n = (*cq)->Wait(std::span<Completion>(&c, 1), absl::Seconds(30));
+    if (!n.ok() || *n == 0) Die("the last sends did not complete");
+    if (!c.status.ok()) Die(c.status.ToString());
+    if (c.op == OpType::kSend) ++sent;
+  }
   int status = 0;
   ::waitpid(child, &status, 0);
   Report(absl::StrCat(config, " provider, ", idle, " idle conn."), rtt);
@@ -190,6 +204,7 @@ void SocketsLevel(bool zs) {
   pid_t child = ::fork();
   if (child < 0) Die("fork failed");
   if (child == 0) {
+    ::close(p[0]);
     int l = sock(AF_INET, SOCK_STREAM);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -211,6 +226,7 @@ void SocketsLevel(bool zs) {
     recv_all(c, b, 1);  // the client's end
     std::_Exit(0);
   }
+  ::close(p[1]);
   const int port = std::atoi(ReadRecord(p[0]).c_str());
   int s = sock(AF_INET, SOCK_STREAM);
   sockaddr_in a{};
@@ -251,8 +267,9 @@ int main(int argc, char** argv) {
   } else if (level == "sockets") {
     // The sockets layer reads its provider from the configuration.
     ::setenv("ZSOCK_PROVIDER", absl::GetFlag(FLAGS_provider).c_str(), 1);
-    zsock::SocketsLevel(true);
+    // Kernel TCP first: its fork must precede the sockets layer's threads.
     zsock::SocketsLevel(false);
+    zsock::SocketsLevel(true);
   } else {
     zsock::Die(absl::StrCat("--level must be provider or sockets, not '", level, "'"));
   }

@@ -254,7 +254,10 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
         return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                          absl::StrCat("fabric option ", k, "=", v, " conflicts with the environment's ",
                                       k, "=", old),
-                         "set it in one place; libfabric parameters are process-wide");
+                         "set it in one place: libfabric reads FI_* parameters once per process, "
+                         "when the first ofi fabric opens (zsock sets FI_OFI_RXM_MSG_RX_SIZE=128 and "
+                         "FI_OFI_RXM_CM_PROGRESS_INTERVAL=1000 then, unless they are set), so set it "
+                         "in the environment or in the first fabric's string");
       }
       ::setenv(k.c_str(), v.c_str(), 0);
     } else {
@@ -591,8 +594,8 @@ class OfiCq final : public CompletionQueue {
     Watch(wake_fd());
     if (timer_) Watch(timer_.get());
   }
-  // `owner`: the endpoint whose liveness the fd signals (its bootstrap
-  // socket or MSG event queue), null for the others.
+  // `owner`: the endpoint whose liveness the fd signals (an RDM endpoint's
+  // bootstrap socket), null for the others.
   void Watch(int fd, const OfiEndpoint* owner = nullptr) {
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
@@ -1824,9 +1827,9 @@ class OfiEndpoint final : public Endpoint {
   bool fin_ = false;            // the peer announced its close
   uint64_t fin_count_ = 0;      // ... after sending this many messages
   bool peer_closed_ = false;    // its socket closed; delivering what it sent
-  // peer_closed_, for OfiCq::Progress: the end is known, and CheckPeer
-  // finishes it later with no fd turning readable again (the event queue's
-  // FI_SHUTDOWN was read): checked at every wake-up and tick.
+  // peer_closed_, for OfiCq::Progress: the end is known and CheckPeer
+  // finishes it later (the last data arrives, or the linger runs out),
+  // which no fd announces: checked at every wake-up and tick.
   std::atomic<bool> lingering_{false};
   int64_t last_delivery_ns_ = 0;  // last user receive completion (or the close)
   fi_addr_t peer_;
@@ -1913,9 +1916,10 @@ size_t OfiCq::Progress() {
 
 void OfiCq::CollectReadyLocked() {
   ready_.clear();
-  // Room for every watched fd in one call (level-triggered: a second call
-  // would return the same ready fds again, not the rest). Per endpoint: its
-  // liveness fd and its fi CQ's; then the wake fd and the timer.
+  // Room for every watched fd in one call (a loop of smaller calls never
+  // ends while the fds stay readable: level-triggered epoll re-queues what it
+  // returns). Per endpoint: its liveness fd and its fi CQ's; then the wake
+  // fd and the timer.
   ready_events_.resize(2 * endpoints_.size() + 2);
   int k = ::epoll_wait(epoll_.get(), ready_events_.data(), static_cast<int>(ready_events_.size()), 0);
   for (int i = 0; i < k; ++i) {

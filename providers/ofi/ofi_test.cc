@@ -2,7 +2,6 @@
 // configuration string resolves to a libfabric provider, and the errors for
 // one that does not exist or cannot run here.
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "core/provider.h"
 #include "core/rcache.h"
 #include "gtest/gtest.h"
+#include "tests/child_process.h"
 
 namespace zsock {
 namespace {
@@ -91,24 +91,24 @@ TEST(OfiOpen, CqWaitChoosesTheCqWaitObject) {
 // change the environment of the others.
 TEST(OfiOpen, RxmDefaultsApplyUnlessTheEnvironmentSetsThem) {
   auto run = [](const char* preset) -> int {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::unsetenv("FI_OFI_RXM_MSG_RX_SIZE");
-      ::unsetenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL");
-      if (preset != nullptr) ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", preset, 1);
-      auto f = Fabric::Open("ofi:tcp;ofi_rxm?iface=lo");
-      if (!f.ok()) ::_exit(10);
-      const char* rx = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
-      const char* cm = std::getenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL");
-      if (rx == nullptr || std::string(rx) != "128") ::_exit(11);
-      if (cm == nullptr || std::string(cm) != (preset != nullptr ? preset : "1000")) ::_exit(12);
-      ::_exit(0);
-    }
-    int status = 0;
-    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-    return WEXITSTATUS(status);
+    pid_t pid = testutil::SpawnChild(
+        [preset]() -> int {
+          ::unsetenv("FI_OFI_RXM_MSG_RX_SIZE");
+          ::unsetenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL");
+          if (preset != nullptr) ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", preset, 1);
+          // The defaults come with the configuration, whether or not the
+          // provider then opens.
+          (void)Fabric::Open("ofi:tcp;ofi_rxm?iface=lo");
+          const char* rx = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+          const char* cm = std::getenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL");
+          if (rx == nullptr || std::string(rx) != "128") return 11;
+          if (cm == nullptr || std::string(cm) != (preset != nullptr ? preset : "1000")) return 12;
+          return 0;
+        },
+        absl::Seconds(60));
+    return testutil::ReapChild(pid, absl::Seconds(60));
   };
-  EXPECT_EQ(run(nullptr), 0) << "10: open failed, 11: MSG_RX_SIZE, 12: CM_PROGRESS_INTERVAL";
+  EXPECT_EQ(run(nullptr), 0) << "11: MSG_RX_SIZE, 12: CM_PROGRESS_INTERVAL, <0: the child hung or died";
   EXPECT_EQ(run("5000"), 0) << "the environment's value must win";
 }
 

@@ -1545,8 +1545,9 @@ void UnetCq::Attach(UnetEndpoint* ep, int watch_fd, int pidfd) {
 
 void UnetCq::CollectReadyLocked() {
   ready_.clear();
-  // Room for every watched fd in one call: the set is level-triggered, so
-  // a second call would return the same ready fds again, not the rest.
+  // Room for every watched fd in one call: a loop of smaller calls never
+  // ends while the fds stay readable (level-triggered epoll re-queues what
+  // it returns).
   ready_events_.resize(2 * endpoints_.size() + 2);
   int k = ::epoll_wait(epoll_.get(), ready_events_.data(), static_cast<int>(ready_events_.size()), 0);
   for (int i = 0; i < k; ++i) {
