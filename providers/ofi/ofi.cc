@@ -97,6 +97,8 @@ constexpr uint16_t kHelloVersion = 2;
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
 constexpr int64_t kMinPollNs = 50 * 1000;     // CQ poll timer without a wait object
 constexpr int64_t kMaxPollNs = 1000 * 1000;
+// How often a sleeper wakes while an endpoint of its CQ lingers.
+constexpr int64_t kLingerTickNs = 5 * 1000 * 1000;
 // After a graceful close, how long a posted receive waits for the rest of
 // what the peer announced before the connection is reported lost.
 constexpr int64_t kLingerNs = 1000 * 1000 * 1000;
@@ -583,8 +585,9 @@ constexpr size_t kBlobHeader = 9;
 // others left rxm (1.17) touching freed memory in fi_trywait.
 class OfiCq final : public CompletionQueue {
  public:
-  OfiCq(OfiFabric* fabric, Fd timer, Fd epoll)
-      : fabric_(fabric), timer_(std::move(timer)), epoll_(std::move(epoll)) {}
+  OfiCq(OfiFabric* fabric, Fd timer, Fd linger_timer, Fd epoll)
+      : fabric_(fabric), timer_(std::move(timer)), linger_timer_(std::move(linger_timer)),
+        epoll_(std::move(epoll)) {}
   ~OfiCq() override = default;
 
   int wait_fd() const override { return epoll_.get(); }
@@ -593,7 +596,13 @@ class OfiCq final : public CompletionQueue {
   void WatchWake() {
     Watch(wake_fd());
     if (timer_) Watch(timer_.get());
+    Watch(linger_timer_.get());
   }
+  // An endpoint starts (+1) or ends (-1) a linger: its liveness and CQ fds
+  // leave the wait set (at end of file they would keep it readable, every
+  // sleep a spin), and a sleeper wakes every kLingerTickNs instead to see
+  // whether the linger is over.
+  void AddLinger(int d) { lingering_.fetch_add(d, std::memory_order_relaxed); }
   // `owner`: the endpoint whose liveness the fd signals (an RDM endpoint's
   // bootstrap socket), null for the others.
   void Watch(int fd, const OfiEndpoint* owner = nullptr) {
@@ -614,10 +623,12 @@ class OfiCq final : public CompletionQueue {
   size_t Progress() override;
   bool ArmProvider() override;
   void ClearWakeup() override {
+    uint64_t v;
     if (timer_) {
-      uint64_t v;
       while (::read(timer_.get(), &v, sizeof(v)) == sizeof(v)) {}
     }
+    ssize_t rc = ::read(linger_timer_.get(), &v, sizeof(v));
+    (void)rc;  // EAGAIN: not what woke us
     check_liveness_.store(true, std::memory_order_relaxed);
   }
 
@@ -638,6 +649,8 @@ class OfiCq final : public CompletionQueue {
   // about a thousand cheap wakeups a second at most when idle.
   Fd timer_;
   std::atomic<int64_t> poll_ns_{kMinPollNs};
+  Fd linger_timer_;
+  std::atomic<int> lingering_{0};  // endpoints lingering (AddLinger)
   Fd epoll_;
   Mutex mu_;
   std::vector<OfiEndpoint*> endpoints_;  // see Attach
@@ -1106,6 +1119,7 @@ class OfiEndpoint final : public Endpoint {
   // Whether a readable fd (OfiCq::Watch's owner) announces everything
   // CheckPeer looks for: the bootstrap socket (RDM: the peer's FIN and
   // end), until the end is known and only the linger is left.
+  bool Lingering() const { return lingering_.load(std::memory_order_relaxed); }
   // Set before Attach publishes the endpoint (under the CQ's mutex).
   bool LivenessByReadiness() const {
     return liveness_by_readiness_ && !lingering_.load(std::memory_order_relaxed);
@@ -1470,6 +1484,12 @@ class OfiEndpoint final : public Endpoint {
         if (wait_for_data && !peer_closed_) {
           peer_closed_ = true;
           lingering_.store(true, std::memory_order_relaxed);
+          // At end of file these keep the wait set readable: out, and the
+          // CQ's linger tick instead (OfiCq::AddLinger).
+          if (oob_) cq_->Unwatch(oob_.get());
+          if (eq_fd_ >= 0) cq_->Unwatch(eq_fd_);
+          if (fcq_fd_ >= 0) cq_->Unwatch(fcq_fd_);
+          cq_->AddLinger(1);
           last_delivery_ns_ = now;
         }
         // What the peer sent is here or in flight: a receive that stays
@@ -1760,6 +1780,7 @@ class OfiEndpoint final : public Endpoint {
       TakeInjectedLocked(&out);  // sent before the end: reported as sent
       dead_ = true;
       dead_status_ = why;
+      if (lingering_.exchange(false, std::memory_order_relaxed)) cq_->AddLinger(-1);
       ZS_LOG(kInfo, "ofi endpoint to %s is down: %s", info_.peer_address, why.ToString());
       fail_emulated = true;
       if (oob_) {
@@ -1949,6 +1970,8 @@ bool OfiCq::ArmProvider() {
       // event queues always have one (libfabric tcp signals its fd for its
       // own progress, and trywait resets it: left signalled, it would keep
       // the wait set readable).
+      // Nor are a lingering endpoint's: their fds are out of the wait set.
+      if (ep->Lingering()) continue;
       if (fid_cq* cq = ep->cq_fid(); cq != nullptr && !timer_) fids.push_back(&cq->fid);
       if (fid_eq* eq = ep->eq_fid()) fids.push_back(&eq->fid);
     }
@@ -1964,17 +1987,24 @@ bool OfiCq::ArmProvider() {
     ts.it_value.tv_nsec = ns;
     ::timerfd_settime(timer_.get(), 0, &ts, nullptr);
   }
+  if (lingering_.load(std::memory_order_relaxed) > 0) {
+    itimerspec ts{};
+    ts.it_value.tv_nsec = kLingerTickNs;
+    ::timerfd_settime(linger_timer_.get(), 0, &ts, nullptr);
+  }
   return true;
 }
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> OfiFabric::CreateCq() {
   Fd timer;
   if (!caps_.wait_fd) timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  Fd linger_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll || (!caps_.wait_fd && !timer)) {
+  if (!epoll || !linger_timer || (!caps_.wait_fd && !timer)) {
     return ErrnoError(errno, "creating the ofi CQ wait set failed", "raise the fd limit (ulimit -n)");
   }
-  auto cq = std::unique_ptr<OfiCq>(new OfiCq(this, std::move(timer), std::move(epoll)));
+  auto cq = std::unique_ptr<OfiCq>(
+      new OfiCq(this, std::move(timer), std::move(linger_timer), std::move(epoll)));
   cq->WatchWake();
   return std::unique_ptr<CompletionQueue>(std::move(cq));
 }

@@ -197,6 +197,60 @@ TEST_P(OfiPair, BlockedWaitDoesNotSpin) {
                               << wall << " s";
 }
 
+// After the peer's graceful close, with its messages still undelivered
+// (nothing posted for them), the endpoint lingers for them; a thread blocked
+// in Wait meanwhile sleeps too. Then the messages are delivered, and the
+// close reported.
+TEST_P(OfiPair, BlockedWaitDuringLingerDoesNotSpin) {
+  ASSERT_NO_FATAL_FAILURE(ConnectPair());
+  constexpr int kMessages = 3;
+  const std::string msg = "lingering";
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(a_->Send(msg.data(), msg.size(), nullptr, i).ok());
+  }
+  int sent = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (sent < kMessages && absl::Now() < deadline) {
+    Completion c;
+    if (cq_a_->Poll(std::span<Completion>(&c, 1)) == 1) {
+      ASSERT_TRUE(c.status.ok()) << c.status;
+      ++sent;
+    }
+    ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
+  }
+  ASSERT_EQ(sent, kMessages);
+  a_->Close();
+  const double cpu0 = ThreadCpuSeconds();
+  const absl::Time t0 = absl::Now();
+  while (absl::Now() - t0 < absl::Seconds(1)) {
+    Completion c;
+    ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(100)).value_or(0), 0u);
+  }
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double cpu = ThreadCpuSeconds() - cpu0;
+  std::printf("%s: %.4f s CPU in %.3f s of linger\n", GetParam().c_str(), cpu, wall);
+  EXPECT_LT(cpu, 0.2 * wall) << GetParam() << ": a wait during the linger used " << cpu
+                             << " s of CPU in " << wall << " s";
+  for (int i = 0; i < kMessages; ++i) {
+    char buf[64] = {};
+    ASSERT_TRUE(b_->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
+    Completion c;
+    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+    ASSERT_TRUE(n.ok() && *n == 1) << i;
+    ASSERT_TRUE(c.status.ok()) << "message " << i << ": " << c.status;
+    EXPECT_EQ(std::string(buf, c.length), msg);
+  }
+  char buf[64];
+  absl::Status st = b_->PostRecv(buf, sizeof(buf), nullptr, 200);
+  if (st.ok()) {
+    Completion c;
+    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
+    ASSERT_TRUE(n.ok() && *n == 1) << "the close was never reported";
+    st = c.status;
+  }
+  EXPECT_FALSE(st.ok());
+}
+
 // A thread blocked in Wait gets a message the peer sends while it sleeps,
 // whatever wakes it (the CQ's fd, an MSG event queue's, or the timer of a
 // CQ without a wait object), long before its timeout.
