@@ -627,8 +627,11 @@ class OfiCq final : public CompletionQueue {
     if (timer_) {
       while (::read(timer_.get(), &v, sizeof(v)) == sizeof(v)) {}
     }
-    ssize_t rc = ::read(linger_timer_.get(), &v, sizeof(v));
-    (void)rc;  // EAGAIN: not what woke us
+    // While the linger timer is in use (ArmProvider): it may be what woke us.
+    if (linger_armed_.load(std::memory_order_relaxed)) {
+      ssize_t rc = ::read(linger_timer_.get(), &v, sizeof(v));
+      (void)rc;  // EAGAIN: not what woke us
+    }
     check_liveness_.store(true, std::memory_order_relaxed);
   }
 
@@ -650,6 +653,8 @@ class OfiCq final : public CompletionQueue {
   Fd timer_;
   std::atomic<int64_t> poll_ns_{kMinPollNs};
   Fd linger_timer_;
+  Mutex linger_mu_;  // arming and disarming linger_timer_ (ArmProvider)
+  std::atomic<bool> linger_armed_{false};  // the timer is in use: ClearWakeup reads it
   std::atomic<int> lingering_{0};  // endpoints lingering (AddLinger)
   Fd epoll_;
   Mutex mu_;
@@ -1490,6 +1495,10 @@ class OfiEndpoint final : public Endpoint {
           if (eq_fd_ >= 0) cq_->Unwatch(eq_fd_);
           if (fcq_fd_ >= 0) cq_->Unwatch(fcq_fd_);
           cq_->AddLinger(1);
+          // A thread that armed before this saw no linger (no tick) and may
+          // be about to sleep on a set that no longer has the fd that would
+          // have woken it.
+          cq_->Wake();
           last_delivery_ns_ = now;
         }
         // What the peer sent is here or in flight: a receive that stays
@@ -1940,8 +1949,8 @@ void OfiCq::CollectReadyLocked() {
   // Room for every watched fd in one call (a loop of smaller calls never
   // ends while the fds stay readable: level-triggered epoll re-queues what it
   // returns). Per endpoint: its liveness fd and its fi CQ's; then the wake
-  // fd and the timer.
-  ready_events_.resize(2 * endpoints_.size() + 2);
+  // fd, the poll timer and the linger timer.
+  ready_events_.resize(2 * endpoints_.size() + 3);
   int k = ::epoll_wait(epoll_.get(), ready_events_.data(), static_cast<int>(ready_events_.size()), 0);
   for (int i = 0; i < k; ++i) {
     if (ready_events_[i].data.ptr != nullptr) ready_.insert(ready_events_[i].data.ptr);
@@ -1987,10 +1996,24 @@ bool OfiCq::ArmProvider() {
     ts.it_value.tv_nsec = ns;
     ::timerfd_settime(timer_.get(), 0, &ts, nullptr);
   }
-  if (lingering_.load(std::memory_order_relaxed) > 0) {
+  if (lingering_.load(std::memory_order_relaxed) > 0 ||
+      linger_armed_.load(std::memory_order_relaxed)) {
+    // Under a lock with the count read inside it, so that a thread that
+    // saw no linger cannot disarm the tick of one that saw it.
+    MutexLock lock(&linger_mu_);
     itimerspec ts{};
-    ts.it_value.tv_nsec = kLingerTickNs;
-    ::timerfd_settime(linger_timer_.get(), 0, &ts, nullptr);
+    if (lingering_.load(std::memory_order_relaxed) > 0) {
+      ts.it_value.tv_nsec = kLingerTickNs;
+      linger_armed_.store(true, std::memory_order_relaxed);
+      ::timerfd_settime(linger_timer_.get(), 0, &ts, nullptr);
+    } else {
+      // The linger is over: disarm, and drain an expiry nobody read.
+      ::timerfd_settime(linger_timer_.get(), 0, &ts, nullptr);
+      uint64_t v;
+      ssize_t rc = ::read(linger_timer_.get(), &v, sizeof(v));
+      (void)rc;
+      linger_armed_.store(false, std::memory_order_relaxed);
+    }
   }
   return true;
 }
