@@ -139,6 +139,13 @@ void PushDead(EntryPtr e, EntryPtr* chain) {
   *chain = std::move(e);
 }
 
+// Stops remote access to every region on the chain (MemoryRegion::Revoke:
+// no allocation, no blocking lock).
+template <typename EntryT>
+void RevokeChain(EntryT* e) {
+  for (; e != nullptr; e = e->next_dead.get()) e->region->Revoke();
+}
+
 // Drops the chain's references one by one (iteratively: no deep recursion).
 // Regions whose last reference this was are deregistered here.
 template <typename EntryPtr>
@@ -344,6 +351,10 @@ void RegistrationCache::Invalidate(const void* addr, size_t len) {
   {
     WriterLock lock(&mu_);
     InvalidateLocked(start, end, &dead);
+  }
+  RevokeChain(dead.get());
+  {
+    WriterLock lock(&mu_);
     CollectDeadLocked(&dead);
   }
   DestroyChain(std::move(dead));
@@ -382,8 +393,25 @@ void RegistrationCache::OnMemoryReleased(void* self, uintptr_t addr,
     ReaderLock lock(&cache->mu_);
     if (!cache->OverlapsLocked(addr, end)) return;
   }
+  std::shared_ptr<Entry> invalidated;
+  {
+    WriterLock lock(&cache->mu_);
+    cache->InvalidateLocked(addr, end, &invalidated, ReleaseIsHeapBlock());
+  }
+  // Outside mu_ (still before the memory goes): a provider's revocation may
+  // take the provider's own locks (libfabric's fi_close), and the provider
+  // may release memory while holding them, which brings its thread here,
+  // to mu_ (a lock-order inversion ThreadSanitizer found in ofi_test). The
+  // entries are out of the index already: nobody else can get them.
+  RevokeChain(invalidated.get());
+  if (invalidated == nullptr) return;
   WriterLock lock(&cache->mu_);
-  cache->InvalidateLocked(addr, end, &cache->graveyard_, ReleaseIsHeapBlock());
+  // Destroyed later, not here: dropping a region deregisters it, which may
+  // allocate and free.
+  std::shared_ptr<Entry>* tail = &invalidated->next_dead;
+  while (*tail != nullptr) tail = &(*tail)->next_dead;
+  *tail = std::move(cache->graveyard_);
+  cache->graveyard_ = std::move(invalidated);
 }
 
 RegistrationCache::Index::const_iterator RegistrationCache::FirstOverlapLocked(
@@ -426,14 +454,12 @@ void RegistrationCache::InvalidateLocked(uintptr_t start, uintptr_t end,
       it = next;
       continue;
     }
-    it->second->region->Revoke();
     PushDead(RemoveLocked(it), dead);
     ++stats_.invalidations;
     it = next;
   }
   for (auto it = detached_.begin(); it != detached_.end();) {
     if ((*it)->start < end && start < (*it)->end && hit((*it)->start, (*it)->end)) {
-      (*it)->region->Revoke();
       PushDead(std::move(*it), dead);
       it = detached_.erase(it);
       ++stats_.invalidations;

@@ -94,8 +94,9 @@ class RegistrationCache {
   // overlaps [start, end).
   bool OverlapsLocked(uintptr_t start, uintptr_t end) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Revokes every entry overlapping [start, end), moves them onto the `dead`
-  // chain and marks overlapping registrations in flight stale. Allocates
+  // Moves every entry overlapping [start, end) onto the `dead` chain (the
+  // caller revokes them after releasing mu_: RevokeChain) and marks
+  // overlapping registrations in flight stale. Allocates
   // nothing (it runs inside free()). With `heap_block` (a free of the heap
   // block [start, end), see ReleaseIsHeapBlock), only ranges that overlap
   // the whole pages inside the block or lie within the block's pages: a
