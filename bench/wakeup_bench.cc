@@ -54,6 +54,19 @@ constexpr size_t kMsg = 64;
   std::_Exit(1);
 }
 
+// Forks the server. The child gets 0 and *fd the pipe's write end, the
+// parent the child's pid and *fd the read end (the other ends closed, so a
+// server that dies before it writes ends the parent's read).
+pid_t ForkWithPipe(int* fd) {
+  int p[2];
+  if (::pipe(p) != 0) Die("pipe failed");
+  pid_t child = ::fork();
+  if (child < 0) Die("fork failed");
+  ::close(child == 0 ? p[0] : p[1]);
+  *fd = child == 0 ? p[1] : p[0];
+  return child;
+}
+
 // The child's listener address, in one fixed-size record on a pipe.
 void WriteRecord(int fd, const std::string& s) {
   char rec[256] = {};
@@ -98,17 +111,14 @@ void ProviderLevel() {
   const std::string config = absl::GetFlag(FLAGS_provider);
   const int rounds = absl::GetFlag(FLAGS_rounds), idle = absl::GetFlag(FLAGS_idle);
   const int gap = absl::GetFlag(FLAGS_gap_us);
-  int p[2];
-  if (::pipe(p) != 0) Die("pipe failed");
-  pid_t child = ::fork();
-  if (child < 0) Die("fork failed");
+  int pipe_fd;
+  pid_t child = ForkWithPipe(&pipe_fd);
   if (child == 0) {
-    ::close(p[0]);
     auto f = Fabric::Open(config);
     if (!f.ok()) Die(f.status().ToString());
     auto l = (*f)->Listen(absl::StartsWith(config, "unet") ? "" : "127.0.0.1:0");
     if (!l.ok()) Die(l.status().ToString());
-    WriteRecord(p[1], (*l)->address());
+    WriteRecord(pipe_fd, (*l)->address());
     auto cq = (*f)->CreateCq();
     if (!cq.ok()) Die(cq.status().ToString());
     std::vector<std::unique_ptr<Endpoint>> eps;
@@ -132,8 +142,7 @@ void ProviderLevel() {
     (void)(*cq)->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
     std::_Exit(0);
   }
-  ::close(p[1]);  // a server that dies before listening ends the read
-  const std::string address = ReadRecord(p[0]);
+  const std::string address = ReadRecord(pipe_fd);
   auto f = Fabric::Open(config);
   if (!f.ok()) Die(f.status().ToString());
   auto idle_cq = (*f)->CreateCq();
@@ -199,12 +208,9 @@ void SocketsLevel(bool zs) {
               : ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   };
   const int rounds = absl::GetFlag(FLAGS_rounds), gap = absl::GetFlag(FLAGS_gap_us);
-  int p[2];
-  if (::pipe(p) != 0) Die("pipe failed");
-  pid_t child = ::fork();
-  if (child < 0) Die("fork failed");
+  int pipe_fd;
+  pid_t child = ForkWithPipe(&pipe_fd);
   if (child == 0) {
-    ::close(p[0]);
     int l = sock(AF_INET, SOCK_STREAM);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -215,7 +221,7 @@ void SocketsLevel(bool zs) {
             : ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)) != 0) {
       Die(absl::StrCat("listen failed: ", std::strerror(errno)));
     }
-    WriteRecord(p[1], std::to_string(ntohs(a.sin_port)));
+    WriteRecord(pipe_fd, std::to_string(ntohs(a.sin_port)));
     int c = zs ? zs_accept(l, nullptr, nullptr) : ::accept(l, nullptr, nullptr);
     if (c < 0 || nodelay(c) != 0) Die(absl::StrCat("accept failed: ", std::strerror(errno)));
     char b[kMsg];
@@ -226,8 +232,7 @@ void SocketsLevel(bool zs) {
     recv_all(c, b, 1);  // the client's end
     std::_Exit(0);
   }
-  ::close(p[1]);
-  const int port = std::atoi(ReadRecord(p[0]).c_str());
+  const int port = std::atoi(ReadRecord(pipe_fd).c_str());
   int s = sock(AF_INET, SOCK_STREAM);
   sockaddr_in a{};
   a.sin_family = AF_INET;

@@ -142,6 +142,28 @@ TEST(OfiConnect, NoListenerIsRefusedAtOnceWithAHint) {
 // signals.
 class OfiPair : public ::testing::TestWithParam<std::string> {
  protected:
+  // Sends `msgs` from a_, then both sides progress (one thread; rxm and shm
+  // need the receiver's progress to finish a send) until every send
+  // completed, b posting nothing; then a_ closes.
+  void SendAllThenCloseA(const std::vector<std::string>& msgs) {
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      absl::Status st = a_->Send(msgs[i].data(), msgs[i].size(), nullptr, i);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    size_t sent = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (sent < msgs.size() && absl::Now() < deadline) {
+      Completion c;
+      if (cq_a_->Poll(std::span<Completion>(&c, 1)) == 1) {
+        ASSERT_TRUE(c.status.ok()) << c.status;
+        ++sent;
+      }
+      ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
+    }
+    ASSERT_EQ(sent, msgs.size());
+    a_->Close();
+  }
+
   // Opens the fabric and two CQs, and connects endpoint a_ (on cq_a_) to
   // b_ (accepted on cq_b_).
   void ConnectPair() {
@@ -205,21 +227,7 @@ TEST_P(OfiPair, BlockedWaitDuringLingerDoesNotSpin) {
   ASSERT_NO_FATAL_FAILURE(ConnectPair());
   constexpr int kMessages = 3;
   const std::string msg = "lingering";
-  for (int i = 0; i < kMessages; ++i) {
-    ASSERT_TRUE(a_->Send(msg.data(), msg.size(), nullptr, i).ok());
-  }
-  int sent = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (sent < kMessages && absl::Now() < deadline) {
-    Completion c;
-    if (cq_a_->Poll(std::span<Completion>(&c, 1)) == 1) {
-      ASSERT_TRUE(c.status.ok()) << c.status;
-      ++sent;
-    }
-    ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
-  }
-  ASSERT_EQ(sent, kMessages);
-  a_->Close();
+  ASSERT_NO_FATAL_FAILURE(SendAllThenCloseA(std::vector<std::string>(kMessages, msg)));
   const double cpu0 = ThreadCpuSeconds();
   const absl::Time t0 = absl::Now();
   while (absl::Now() - t0 < absl::Seconds(1)) {
@@ -291,24 +299,7 @@ TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
   constexpr int kMessages = 5;
   std::vector<std::string> out;
   for (int i = 0; i < kMessages; ++i) out.push_back("message " + std::to_string(i));
-  for (int i = 0; i < kMessages; ++i) {
-    absl::Status st = a_->Send(out[i].data(), out[i].size(), nullptr, i);
-    ASSERT_TRUE(st.ok()) << st;
-  }
-  // Both sides progress (one thread; rxm and shm need the receiver's
-  // progress to finish a send) until every send completed; b posts nothing.
-  int sent = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (sent < kMessages && absl::Now() < deadline) {
-    Completion c;
-    if (cq_a_->Poll(std::span<Completion>(&c, 1)) == 1) {
-      ASSERT_TRUE(c.status.ok()) << c.status;
-      ++sent;
-    }
-    ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(1)).value_or(0), 0u);
-  }
-  ASSERT_EQ(sent, kMessages);
-  a_->Close();
+  ASSERT_NO_FATAL_FAILURE(SendAllThenCloseA(out));
   // Let b notice the close before it posts anything.
   absl::Time until = absl::Now() + absl::Milliseconds(300);
   while (absl::Now() < until) {
