@@ -164,6 +164,29 @@ class OfiPair : public ::testing::TestWithParam<std::string> {
     a_->Close();
   }
 
+  // b receives `msgs` in order, each into a receive posted only now; then
+  // nothing more: the next receive fails (or cannot be posted) promptly.
+  void ReceiveAllThenTheClose(const std::vector<std::string>& msgs) {
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      char buf[64] = {};
+      ASSERT_TRUE(b_->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
+      Completion c;
+      auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+      ASSERT_TRUE(n.ok() && *n == 1) << i;
+      ASSERT_TRUE(c.status.ok()) << "message " << i << ": " << c.status;
+      EXPECT_EQ(std::string(buf, c.length), msgs[i]);
+    }
+    char buf[64];
+    absl::Status st = b_->PostRecv(buf, sizeof(buf), nullptr, 200);
+    if (st.ok()) {
+      Completion c;
+      auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
+      ASSERT_TRUE(n.ok() && *n == 1) << "the close was never reported";
+      st = c.status;
+    }
+    EXPECT_FALSE(st.ok());
+  }
+
   // Opens the fabric and two CQs, and connects endpoint a_ (on cq_a_) to
   // b_ (accepted on cq_b_).
   void ConnectPair() {
@@ -239,24 +262,7 @@ TEST_P(OfiPair, BlockedWaitDuringLingerDoesNotSpin) {
   std::printf("%s: %.4f s CPU in %.3f s of linger\n", GetParam().c_str(), cpu, wall);
   EXPECT_LT(cpu, 0.2 * wall) << GetParam() << ": a wait during the linger used " << cpu
                              << " s of CPU in " << wall << " s";
-  for (int i = 0; i < kMessages; ++i) {
-    char buf[64] = {};
-    ASSERT_TRUE(b_->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
-    Completion c;
-    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
-    ASSERT_TRUE(n.ok() && *n == 1) << i;
-    ASSERT_TRUE(c.status.ok()) << "message " << i << ": " << c.status;
-    EXPECT_EQ(std::string(buf, c.length), msg);
-  }
-  char buf[64];
-  absl::Status st = b_->PostRecv(buf, sizeof(buf), nullptr, 200);
-  if (st.ok()) {
-    Completion c;
-    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
-    ASSERT_TRUE(n.ok() && *n == 1) << "the close was never reported";
-    st = c.status;
-  }
-  EXPECT_FALSE(st.ok());
+  ASSERT_NO_FATAL_FAILURE(ReceiveAllThenTheClose(std::vector<std::string>(kMessages, msg)));
 }
 
 // A thread blocked in Wait gets a message the peer sends while it sleeps,
@@ -306,25 +312,7 @@ TEST_P(OfiPair, MessagesSentBeforeAGracefulCloseAreDelivered) {
     Completion c;
     ASSERT_EQ(cq_b_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(20)).value_or(0), 0u);
   }
-  for (int i = 0; i < kMessages; ++i) {
-    char buf[64] = {};
-    ASSERT_TRUE(b_->PostRecv(buf, sizeof(buf), nullptr, 100 + i).ok()) << i;
-    Completion c;
-    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
-    ASSERT_TRUE(n.ok() && *n == 1) << i;
-    ASSERT_TRUE(c.status.ok()) << "message " << i << ": " << c.status;
-    EXPECT_EQ(std::string(buf, c.length), out[i]);
-  }
-  // Nothing more: the next receive fails (or cannot be posted) promptly.
-  char buf[64];
-  absl::Status st = b_->PostRecv(buf, sizeof(buf), nullptr, 200);
-  if (st.ok()) {
-    Completion c;
-    auto n = cq_b_->Wait(std::span<Completion>(&c, 1), absl::Seconds(5));
-    ASSERT_TRUE(n.ok() && *n == 1) << "the close was never reported";
-    st = c.status;
-  }
-  EXPECT_FALSE(st.ok());
+  ASSERT_NO_FATAL_FAILURE(ReceiveAllThenTheClose(out));
 }
 
 // Read, write and send from buffers passed without their region: with
