@@ -139,6 +139,13 @@ void PushDead(EntryPtr e, EntryPtr* chain) {
   *chain = std::move(e);
 }
 
+// Appends chain `more` at the end of *chain.
+template <typename EntryPtr>
+void AppendChain(EntryPtr* chain, EntryPtr more) {
+  while (*chain != nullptr) chain = &(*chain)->next_dead;
+  *chain = std::move(more);
+}
+
 // Stops remote access to every region on the chain (MemoryRegion::Revoke:
 // no allocation, no blocking lock).
 template <typename EntryT>
@@ -408,9 +415,7 @@ void RegistrationCache::OnMemoryReleased(void* self, uintptr_t addr,
   WriterLock lock(&cache->mu_);
   // Destroyed later, not here: dropping a region deregisters it, which may
   // allocate and free.
-  std::shared_ptr<Entry>* tail = &invalidated->next_dead;
-  while (*tail != nullptr) tail = &(*tail)->next_dead;
-  *tail = std::move(cache->graveyard_);
+  AppendChain(&invalidated, std::move(cache->graveyard_));
   cache->graveyard_ = std::move(invalidated);
 }
 
@@ -505,9 +510,7 @@ std::shared_ptr<RegistrationCache::Entry> RegistrationCache::RemoveLocked(
 
 void RegistrationCache::CollectDeadLocked(std::shared_ptr<Entry>* dead) {
   if (graveyard_ != nullptr) {
-    std::shared_ptr<Entry>* tail = &graveyard_;
-    while (*tail != nullptr) tail = &(*tail)->next_dead;
-    *tail = std::move(*dead);
+    AppendChain(&graveyard_, std::move(*dead));
     *dead = std::move(graveyard_);
   }
   for (auto it = detached_.begin(); it != detached_.end();) {

@@ -60,7 +60,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -75,6 +74,7 @@
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/provider.h"
+#include "core/ready_owners.h"
 #include "core/rcache.h"
 #include "core/sockaddr.h"
 #include "core/status.h"
@@ -666,13 +666,10 @@ class OfiCq final : public CompletionQueue {
   std::atomic<bool> check_liveness_{false};
   std::atomic<bool> check_all_{false};  // CheckSoon: every endpoint, readable or not
   std::atomic<int64_t> last_liveness_ns_{0};
-  // The endpoints whose liveness fd is readable (CollectReadyLocked): only
-  // they are checked, one epoll_wait instead of a system call or two per
-  // endpoint on every wake-up and liveness tick. Compared, never followed:
-  // an event may name an endpoint already gone.
-  void CollectReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::flat_hash_set<const void*> ready_ ABSL_GUARDED_BY(mu_);
-  std::vector<epoll_event> ready_events_ ABSL_GUARDED_BY(mu_);
+  // The endpoints whose liveness fd is readable: only they are checked,
+  // one epoll_wait instead of a system call or two per endpoint on every
+  // wake-up and liveness tick.
+  ReadyOwners ready_ ABSL_GUARDED_BY(mu_);
 };
 
 // ------------------------------------------------------------ fabric
@@ -1935,26 +1932,15 @@ size_t OfiCq::Progress() {
     // closed socket is treated.
     if (check) {
       const bool all = check_all_.exchange(false, std::memory_order_relaxed);
-      if (!all) CollectReadyLocked();
+      // Per endpoint its liveness fd and its fi CQ's; then the wake fd, the
+      // poll timer and the linger timer.
+      if (!all) ready_.Collect(epoll_.get(), 2 * endpoints_.size() + 3);
       for (OfiEndpoint* ep : endpoints_) {
         if (all || !ep->LivenessByReadiness() || ready_.contains(ep)) ep->CheckPeer();
       }
     }
   }
   return done;
-}
-
-void OfiCq::CollectReadyLocked() {
-  ready_.clear();
-  // Room for every watched fd in one call (a loop of smaller calls never
-  // ends while the fds stay readable: level-triggered epoll re-queues what it
-  // returns). Per endpoint: its liveness fd and its fi CQ's; then the wake
-  // fd, the poll timer and the linger timer.
-  ready_events_.resize(2 * endpoints_.size() + 3);
-  int k = ::epoll_wait(epoll_.get(), ready_events_.data(), static_cast<int>(ready_events_.size()), 0);
-  for (int i = 0; i < k; ++i) {
-    if (ready_events_[i].data.ptr != nullptr) ready_.insert(ready_events_[i].data.ptr);
-  }
 }
 
 bool OfiCq::ArmProvider() {
