@@ -6,6 +6,9 @@
 #   zsock ofi:tcp;ofi_rxm?iface=lo  vs  fi_pingpong -p "tcp;ofi_rxm" -e rdm -d lo
 #   zsock ofi:shm                   vs  fi_pingpong -p shm -e rdm
 #   zsock ofi:tcp?iface=lo (MSG)    vs  fi_pingpong -p tcp -e msg -d lo
+#         (waiting on its sockets, cq_wait=sockets, the default of ofi:tcp)
+#   zsock ofi:tcp?iface=lo&cq_wait=fd (row ofi:msg-fd): the same with
+#         FI_WAIT_FD CQs, the default before 2026-11-23
 #   zsock ofi:tcp?iface=lo&cq_wait=none (row ofi:msg-nowait), and
 #   zsock ofi:tcp;ofi_rxm?iface=lo&cq_wait=none (row ofi:tcp-nowait): the
 #         same, with zsock's CQs opened as fi_pingpong opens its own,
@@ -16,7 +19,7 @@
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1]
-#                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-nowait,ucx:tcp,ucx:posix]
+#                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix]
 #                                   (also ofi:tcp-nowait)
 #                                   [--repeat=5] [--level=provider|sdp]
 #
@@ -59,7 +62,7 @@ cd "$(dirname "$0")/.."
 sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
-configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-nowait,ucx:tcp,ucx:posix
+configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix
 repeat=5
 level=provider
 for arg in "$@"; do
@@ -244,6 +247,7 @@ for cfg in "${cfgs[@]}"; do
     ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=(-e rdm) ;;
     ofi:msg) zs="ofi:tcp?iface=lo"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
+    ofi:msg-fd) zs="ofi:tcp?iface=lo&cq_wait=fd"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
     ofi:msg-nowait) zs="ofi:tcp?iface=lo&cq_wait=none"; peer=fi_pingpong; prov=tcp; extra=(-e msg -d lo) ;;
     ofi:tcp-nowait) zs="ofi:tcp;ofi_rxm?iface=lo&cq_wait=none"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ucx:tcp) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp ;;

@@ -25,11 +25,15 @@
 // bad keys). Registration follows every mr_mode bit the provider demands
 // (FI_MR_LOCAL, VIRT_ADDR, ALLOCATED, PROV_KEY, RAW; a provider that
 // requires FI_MR_ENDPOINT is refused with that reason). Completion queues
-// wait on FI_WAIT_FD with fi_trywait; a provider without a wait object (shm),
-// or CQs opened without one (option cq_wait=none, for busy pollers), are
-// waited on with a timer backing off from 50 us to 1 ms.
+// wait on FI_WAIT_FD with fi_trywait; ofi:tcp's on its connections' own TCP
+// sockets, with FI_WAIT_NONE fi CQs (cq_wait=sockets, its default); a
+// provider without a wait object (shm), or CQs opened without one (option
+// cq_wait=none, for busy pollers), are waited on with a timer backing off
+// from 50 us to 1 ms.
 // Design notes and limits: docs/ofi.md.
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -97,6 +101,13 @@ constexpr uint16_t kHelloVersion = 2;
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
 constexpr int64_t kMinPollNs = 50 * 1000;     // CQ poll timer without a wait object
 constexpr int64_t kMaxPollNs = 1000 * 1000;
+// cq_wait=sockets: the timer is only a backstop (the sockets wake a
+// sleeper), for progress that no socket announces.
+constexpr int64_t kMinBackstopNs = 1000 * 1000;
+constexpr int64_t kMaxBackstopNs = 8 * 1000 * 1000;
+// cq_wait=sockets: from this many endpoints on a CQ on, a poll reads only
+// the fi CQs of endpoints with something to find (OfiCq::Progress).
+constexpr size_t kSelectiveMin = 8;
 // How often a sleeper wakes while an endpoint of its CQ lingers.
 constexpr int64_t kLingerTickNs = 5 * 1000 * 1000;
 // After a graceful close, how long a posted receive waits for the rest of
@@ -218,9 +229,19 @@ struct Settings {
   std::string prov;   // prov_name for hints ("" = any)
   std::string iface;  // domain name ("" = libfabric's first choice)
   bool mr_local = false;  // behave as if the provider demanded FI_MR_LOCAL
-  // cq_wait=none: the fi CQs have no wait object (FI_WAIT_NONE), as MPI
-  // libraries open them for busy polling; blocking waits use the timer.
-  bool cq_wait_none = false;
+  // How a blocked wait learns of completions (option cq_wait):
+  //  kFd: the fi CQs' FI_WAIT_FD objects, with fi_trywait;
+  //  kNone: no wait object (FI_WAIT_NONE), as MPI libraries open CQs for
+  //    busy polling; blocking waits use the timer;
+  //  kSockets: no wait object, and the TCP sockets of the endpoints
+  //    themselves in the wait set (connected endpoints of libfabric tcp);
+  //  kAuto: kSockets for libfabric tcp's connected endpoints, else kFd.
+  enum class CqWait { kAuto, kFd, kNone, kSockets };
+  CqWait cq_wait = CqWait::kAuto;
+  // kSockets: the longest sleep of the backstop timer (option backstop_ms;
+  // 0: no timer, sleep until a socket or the wake fd says so).
+  int64_t backstop_ns = kMaxBackstopNs;
+  bool backstop_set = false;
   absl::Duration connect_timeout;
 };
 
@@ -241,13 +262,29 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
       }
       s.mr_local = v == "on";
     } else if (k == "cq_wait") {
-      if (v != "fd" && v != "none") {
+      if (v == "fd") {
+        s.cq_wait = Settings::CqWait::kFd;
+      } else if (v == "none") {
+        s.cq_wait = Settings::CqWait::kNone;
+      } else if (v == "sockets") {
+        s.cq_wait = Settings::CqWait::kSockets;
+      } else {
         return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ofi option cq_wait=", v, " is not fd or none"),
-                         "write cq_wait=fd (the default: FI_WAIT_FD where the provider has it) or "
-                         "cq_wait=none (FI_WAIT_NONE, for busy polling)");
+                         absl::StrCat("ofi option cq_wait=", v, " is not fd, none or sockets"),
+                         "write cq_wait=fd (FI_WAIT_FD), cq_wait=none (FI_WAIT_NONE, for busy "
+                         "polling) or cq_wait=sockets (ofi:tcp only: wait on the endpoints' TCP "
+                         "sockets); leave it out for the default (sockets on ofi:tcp, else fd)");
       }
-      s.cq_wait_none = v == "none";
+    } else if (k == "backstop_ms") {
+      int ms = -1;
+      if (!absl::SimpleAtoi(v, &ms) || ms < 0 || ms > 60000) {
+        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                         absl::StrCat("ofi option backstop_ms=", v, " is not a number of milliseconds "
+                                      "from 0 to 60000"),
+                         "write e.g. backstop_ms=8 (the default), or backstop_ms=0 for no timer");
+      }
+      s.backstop_ns = int64_t{ms} * 1000 * 1000;
+      s.backstop_set = true;
     } else if (absl::StartsWith(k, "FI_")) {
       // libfabric reads FI_* parameters from the environment when a provider
       // initialises, once per process.
@@ -265,7 +302,8 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
     } else {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                        absl::StrCat("unknown ofi option '", k, "'"),
-                       "ofi accepts iface=<domain> (e.g. lo, eth0), mr_local=on|off, cq_wait=fd|none and FI_* "
+                       "ofi accepts iface=<domain> (e.g. lo, eth0), mr_local=on|off, cq_wait=fd|none|sockets, "
+                       "backstop_ms=<ms> and FI_* "
                        "libfabric parameters");
     }
   }
@@ -578,6 +616,60 @@ class OfiRegion final : public MemoryRegion {
 constexpr uint8_t kBlobRaw = 1, kBlobVirt = 2;
 constexpr size_t kBlobHeader = 9;
 
+// ------------------------------------------------------------ tcp sockets
+
+bool SameSockAddr(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(x.sin6_addr)) == 0;
+  }
+  return false;
+}
+
+bool SocketHasAddresses(int fd, const sockaddr_storage& local, const sockaddr_storage& peer) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 || !SameSockAddr(ss, local)) {
+    return false;
+  }
+  len = sizeof(ss);
+  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 && SameSockAddr(ss, peer);
+}
+
+// The TCP socket of a connected libfabric tcp endpoint, as a duplicate of
+// its fd that the caller owns, or an invalid Fd. libfabric 1.17 hands out
+// no such fd (tcp's fi_control has no FI_GETWAIT for endpoints), so it is
+// found by its addresses: the socket in this process whose own and peer
+// addresses are the endpoint's fi_getname and fi_getpeer (one TCP
+// connection has one such socket per host; both ends may be in this
+// process, with the addresses swapped). Checked again on the duplicate, in
+// case another thread closed the fd and reused its number meanwhile.
+Fd FindTcpSocket(const sockaddr_storage& local, const sockaddr_storage& peer) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return Fd();
+  Fd found;
+  while (dirent* e = ::readdir(dir)) {
+    int fd = 0;
+    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == ::dirfd(dir)) continue;
+    if (!SocketHasAddresses(fd, local, peer)) continue;
+    Fd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (dup && SocketHasAddresses(dup.get(), local, peer)) {
+      found = std::move(dup);
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
 // ------------------------------------------------------------ completion queue
 
 // A zsock CQ over the fi CQs of its endpoints. Each endpoint owns an fi CQ
@@ -585,9 +677,13 @@ constexpr size_t kBlobHeader = 9;
 // others left rxm (1.17) touching freed memory in fi_trywait.
 class OfiCq final : public CompletionQueue {
  public:
-  OfiCq(OfiFabric* fabric, Fd timer, Fd linger_timer, Fd epoll)
-      : fabric_(fabric), timer_(std::move(timer)), linger_timer_(std::move(linger_timer)),
-        epoll_(std::move(epoll)) {}
+  // `backstop_ns` > 0: cq_wait=sockets, whose timer backs off to it; 0
+  // with `sockets`: no timer at all.
+  OfiCq(OfiFabric* fabric, Fd timer, Fd linger_timer, Fd epoll, bool sockets, int64_t backstop_ns)
+      : fabric_(fabric), timer_(std::move(timer)),
+        min_poll_ns_(sockets ? std::min(kMinBackstopNs, backstop_ns) : kMinPollNs),
+        max_poll_ns_(sockets ? backstop_ns : kMaxPollNs), poll_ns_(min_poll_ns_),
+        selective_(sockets), linger_timer_(std::move(linger_timer)), epoll_(std::move(epoll)) {}
   ~OfiCq() override = default;
 
   int wait_fd() const override { return epoll_.get(); }
@@ -611,7 +707,33 @@ class OfiCq final : public CompletionQueue {
     ev.data.ptr = const_cast<OfiEndpoint*>(owner);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
+  // cq_wait=sockets: one of `owner`'s TCP sockets. Edge-triggered: what
+  // matters is that something arrived (or room to send appeared); the
+  // socket stays readable while libfabric holds a message no receive was
+  // posted for, and at end of file, and level-triggered either would keep
+  // a sleeper spinning. The edges are consumed by Progress's Collect (a
+  // sleeper's poll(2) on the epoll fd does not consume them), before it
+  // reads the fi CQs.
+  void WatchSocket(int fd, const OfiEndpoint* owner) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.ptr = const_cast<OfiEndpoint*>(owner);
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
+  }
   void Unwatch(int fd) { ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr); }
+
+  // An operation was posted (domain lock held). Without a wait object on
+  // the fi CQs nothing else wakes a sleeper for what that may have done:
+  // libfabric tcp completes a send inside fi_send, and a receive posted for
+  // a message tcp holds (it arrived first) completes at the next progress,
+  // with no new edge on any socket (conformance
+  // WaitWakesForWorkFromAnotherThread). So a sleeper wakes, and a waiter
+  // about to sleep polls again instead (ArmProvider).
+  void PostedLocked() {  // domain lock held
+    if (!timer_) return;  // FI_WAIT_FD: libfabric signals its fd
+    ++posts_;
+    WakeSleeper();
+  }
 
   // The endpoint list changes under mu_ and the domain lock both, so
   // either one keeps it (and its endpoints) in place: Progress's busy path
@@ -650,8 +772,21 @@ class OfiCq final : public CompletionQueue {
   // after poll_ns_, which starts at 50 us after progress found work and
   // doubles with every idle wakeup up to 1 ms: prompt while traffic flows,
   // about a thousand cheap wakeups a second at most when idle.
+  // With cq_wait=sockets the timer is a backstop only: 1 to 8 ms by
+  // default (option backstop_ms; 0: never armed).
   Fd timer_;
-  std::atomic<int64_t> poll_ns_{kMinPollNs};
+  const int64_t min_poll_ns_, max_poll_ns_;
+  std::atomic<int64_t> poll_ns_;
+  // PostedLocked's count, and its value when Progress last read the fi CQs
+  // (both under the domain lock).
+  uint64_t posts_ = 0;
+  uint64_t progressed_posts_ = 0;
+  // cq_wait=sockets with many endpoints: the endpoints whose sockets had an
+  // edge, collected by every poll (domain lock), and when all were last
+  // read regardless.
+  const bool selective_;
+  ReadyOwners hot_;
+  std::atomic<int64_t> last_full_ns_{0};
   Fd linger_timer_;
   Mutex linger_mu_;  // arming and disarming linger_timer_ (ArmProvider)
   std::atomic<bool> linger_armed_{false};  // the timer is in use: ClearWakeup reads it
@@ -695,6 +830,8 @@ class OfiFabric final : public Fabric {
   // Sends up to this size go by fi_tinject and complete at once (0: none).
   size_t inject_size() const { return inject_size_; }
   bool msg() const { return msg_; }
+  bool fi_wait_fd() const { return fi_wait_fd_; }
+  bool wait_sockets() const { return wait_sockets_; }
   fi_info* MsgHints() const;
   // Remote addresses are virtual addresses when the provider reports
   // FI_MR_VIRT_ADDR, offsets into the registration otherwise (fi_mr(3)).
@@ -835,6 +972,8 @@ class OfiFabric final : public Fabric {
   bool rma_native_ = false;
   size_t inject_size_ = 0;
   bool msg_ = false;  // FI_EP_MSG endpoints (else FI_EP_RDM)
+  bool fi_wait_fd_ = false;   // fi CQs with FI_WAIT_FD (else FI_WAIT_NONE)
+  bool wait_sockets_ = false; // cq_wait=sockets (Settings::CqWait)
   Capabilities caps_;
   std::atomic<uint64_t> next_key_{1};
   std::atomic<uint64_t> next_serial_{1};
@@ -941,20 +1080,45 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   c.inject_size = std::min<size_t>(f->info_->tx_attr->inject_size, kMaxInject);
   c.registration_required = f->local_mr();
   c.peer_on_host = prov_name == "shm";
-  {
+  using CqWait = Settings::CqWait;
+  // Connected endpoints of libfabric tcp wait on their own sockets. The
+  // FI_WAIT_FD object costs every arriving message: its fd is an epoll set
+  // of libfabric's over tcp's own (which holds the sockets), and every
+  // arrival wakes through both and through zsock's epoll set (ofi:tcp 64 B
+  // ping-pong 6.93 -> 6.17 us one-way without it, medians of 9 interleaved
+  // runs; fi_pingpong, which opens FI_WAIT_NONE CQs, 5.92 beside them).
+  // With the sockets in zsock's set directly, a blocked wait still wakes
+  // when data arrives (docs/ofi.md "Waiting").
+  const bool tcp_msg = f->msg_ && prov_name == "tcp";
+  CqWait wait = f->settings_.cq_wait;
+  if (wait == CqWait::kSockets && !tcp_msg) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     absl::StrCat("ofi option cq_wait=sockets needs connected endpoints of libfabric "
+                                  "tcp, not ", c.spec),
+                     "use it with ofi:tcp only, or write cq_wait=fd or cq_wait=none");
+  }
+  if (wait == CqWait::kAuto) wait = tcp_msg && ::access("/proc/self/fd", R_OK) == 0 ? CqWait::kSockets : CqWait::kFd;
+  if (wait == CqWait::kSockets && ::access("/proc/self/fd", R_OK) != 0) {
+    return ErrnoError(errno, "ofi option cq_wait=sockets: /proc/self/fd cannot be read",
+                      "mount /proc, or write cq_wait=fd");
+  }
+  if (wait == CqWait::kFd) {
     fid_cq* probe = nullptr;
     fi_cq_attr attr{};
     attr.format = f->msg_ ? FI_CQ_FORMAT_DATA : FI_CQ_FORMAT_TAGGED;
     attr.wait_obj = FI_WAIT_FD;
     attr.size = 64;
-    // cq_wait=none gives up the wait object: FI_WAIT_FD's fd is an epoll
-    // set of libfabric's over its own, and every arriving message wakes
-    // through it and through zsock's epoll set (ofi:tcp 64 B ping-pong
-    // 6.93 -> 6.17 us one-way without, medians of 9 interleaved runs;
-    // fi_pingpong, which opens FI_WAIT_NONE CQs, 5.92 beside them).
-    c.wait_fd = !f->settings_.cq_wait_none && fi_cq_open(f->domain_, &attr, &probe, nullptr) == 0;
+    if (fi_cq_open(f->domain_, &attr, &probe, nullptr) != 0) wait = CqWait::kNone;
     if (probe) fi_close(&probe->fid);
   }
+  f->fi_wait_fd_ = wait == CqWait::kFd;
+  f->wait_sockets_ = wait == CqWait::kSockets;
+  if (f->settings_.backstop_set && !f->wait_sockets_) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     "ofi option backstop_ms applies to cq_wait=sockets only",
+                     "leave it out, or use it with ofi:tcp (whose default is cq_wait=sockets)");
+  }
+  c.wait_fd = wait != CqWait::kNone;
   c.notes.push_back(absl::StrCat(
       "libfabric ", FI_MAJOR(fi_version()), ".", FI_MINOR(fi_version()), ", mr_mode 0x",
       absl::Hex(f->info_->domain_attr->mr_mode), ", ",
@@ -967,7 +1131,11 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
         "each connection is two FI_EP_MSG endpoints (user messages; control messages), "
         "FI_SHUTDOWN on the event queue reports a dead peer");
   }
-  if (f->settings_.cq_wait_none) {
+  if (f->wait_sockets_) {
+    c.notes.push_back(
+        "cq_wait=sockets: CQs without a wait object (FI_WAIT_NONE); blocking waits sleep on the "
+        "endpoints' TCP sockets (found in /proc/self/fd by their addresses)");
+  } else if (f->settings_.cq_wait == CqWait::kNone) {
     c.notes.push_back(
         "cq_wait=none: CQs without a wait object (FI_WAIT_NONE), for busy polling: blocking "
         "waits poll with a timer backing off from 50 us to 1 ms");
@@ -1099,8 +1267,9 @@ class OfiEndpoint final : public Endpoint {
     connected_ = false;  // joins the CQ in Connected()
   }
 
-  // MSG: both halves are connected; the endpoint joins its CQ.
-  void Connected() {
+  // MSG: both halves are connected; the endpoint joins its CQ. Fails only
+  // when cq_wait=sockets cannot find or duplicate one of its sockets.
+  absl::Status Connected() {
     {
       DomLock lock(&fab_->dom_mu());
       sockaddr_storage ss{};
@@ -1108,16 +1277,37 @@ class OfiEndpoint final : public Endpoint {
       if (fi_getname(&ep_->fid, &ss, &len) == 0) info_.local_address = FormatHostPort(ss);
       len = sizeof(ss);
       if (fi_getpeer(ep_, &ss, &len) == 0) info_.peer_address = FormatHostPort(ss);
+      if (fab_->wait_sockets()) {
+        for (int i = 0; i < 2; ++i) {
+          fid_ep* e = i == 0 ? ep_ : cep_;
+          sockaddr_storage local{}, peer{};
+          size_t ll = sizeof(local), pl = sizeof(peer);
+          errno = 0;
+          if (fi_getname(&e->fid, &local, &ll) == 0 && fi_getpeer(e, &peer, &pl) == 0) {
+            sockets_[i] = FindTcpSocket(local, peer);
+          }
+          if (!sockets_[i]) {
+            // Without it a blocked wait would not wake for this connection.
+            return ErrnoError(errno != 0 ? errno : ENOENT,
+                              absl::StrCat("cq_wait=sockets: the TCP socket of the ofi connection to ",
+                                           info_.peer_address, " was not found in /proc/self/fd or "
+                                           "could not be duplicated"),
+                              "raise the fd limit (ulimit -n), or write cq_wait=fd");
+          }
+        }
+      }
       connected_ = true;
     }
-    // Not by readiness: libfabric tcp queues FI_SHUTDOWN (and signals the
-    // event queue's fd) only from its own progress, which fi_eq_read
-    // drives, so CheckPeer reads the queue at every wake-up and tick.
     liveness_by_readiness_ = false;
     cq_->Attach(this);
     if (eq_fd_ >= 0) cq_->Watch(eq_fd_);
     if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+    for (const Fd& sock : sockets_) {
+      if (sock) cq_->WatchSocket(sock.get(), this);
+    }
+    return absl::OkStatus();
   }
+
   // Whether a readable fd (OfiCq::Watch's owner) announces everything
   // CheckPeer looks for: the bootstrap socket (RDM: the peer's FIN and
   // end), until the end is known and only the linger is left.
@@ -1263,6 +1453,15 @@ class OfiEndpoint final : public Endpoint {
   bool HasInjectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     return !injected_.empty();
   }
+  // cq_wait=sockets, many endpoints (OfiCq::Progress): whether reading this
+  // endpoint's fi CQ may find anything. Only its sockets' edges (`ready`),
+  // its own posts, and what the last read left can give it work:
+  // libfabric tcp progresses an fi CQ's own endpoints when it is read.
+  bool MayHaveWorkLocked(const ReadyOwners& ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return poll_hint_ || ready.contains(this) || !injected_.empty() || !backlog_.empty() ||
+           peer_closed_ || lingering_.load(std::memory_order_relaxed);
+  }
+  void SetPollHintLocked(bool hint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) { poll_hint_ = hint; }
   void TakeInjectedLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (injected_.empty()) return;
     for (Completion& c : injected_) out->push_back(std::move(c));
@@ -1491,6 +1690,9 @@ class OfiEndpoint final : public Endpoint {
           if (oob_) cq_->Unwatch(oob_.get());
           if (eq_fd_ >= 0) cq_->Unwatch(eq_fd_);
           if (fcq_fd_ >= 0) cq_->Unwatch(fcq_fd_);
+          for (const Fd& sock : sockets_) {
+            if (sock) cq_->Unwatch(sock.get());
+          }
           cq_->AddLinger(1);
           // A thread that armed before this saw no linger (no tick) and may
           // be about to sleep on a set that no longer has the fd that would
@@ -1653,6 +1855,8 @@ class OfiEndpoint final : public Endpoint {
       RequestCache::Put(r);
       return FiError(rc, call, "the provider refused the operation; check sizes and registrations");
     }
+    poll_hint_ = true;
+    cq_->PostedLocked();
     return absl::OkStatus();
   }
 
@@ -1794,6 +1998,11 @@ class OfiEndpoint final : public Endpoint {
         cq_->Unwatch(oob_.get());
       }
       if (eq_fd_ >= 0) cq_->Unwatch(eq_fd_);
+      // Our duplicates go first: the fi_close below closes the sockets.
+      for (Fd& sock : sockets_) {
+        if (sock) cq_->Unwatch(sock.get());
+        sock.reset();
+      }
       if (cep_) {
         fi_shutdown(cep_, 0);
         fi_close(&cep_->fid);
@@ -1841,6 +2050,10 @@ class OfiEndpoint final : public Endpoint {
   fid_ep* cep_ = nullptr;  // MSG: the control connection
   fid_eq* eq_ = nullptr;   // MSG: connection events of ep_ and cep_
   int eq_fd_ = -1;
+  // MSG, cq_wait=sockets: duplicates of the TCP sockets of ep_ and cep_
+  // (FindTcpSocket), watched in the CQ's wait set.
+  std::array<Fd, 2> sockets_;
+  bool poll_hint_ = true;  // see MayHaveWorkLocked (domain lock)
   bool liveness_by_readiness_ = false;  // see LivenessByReadiness
   bool eq_gone_ = false;   // MSG: FI_SHUTDOWN seen
   bool data_gone_ = false; // MSG: ... on the data connection
@@ -1898,6 +2111,36 @@ size_t OfiCq::Progress() {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
   }
+  // Which endpoints' fds are readable, before their fi CQs are read: a
+  // socket's edge (cq_wait=sockets) that Collect consumes is then for
+  // something the reads below see, and one arriving after it stays queued
+  // for a sleeper's poll(2).
+  bool all = false;
+  if (check) {
+    MutexLock list_lock(&mu_);
+    all = check_all_.exchange(false, std::memory_order_relaxed);
+    // Per endpoint at most three fds (RDM: its liveness fd and its fi
+    // CQ's; MSG: its event queue's and its fi CQ's or its two sockets);
+    // then the wake fd, the poll timer and the linger timer. Not when the
+    // poll below collects (selective): its MSG endpoints are all checked
+    // anyway, and the edges are for it.
+    if (!all && !(selective_ && endpoints_.size() >= kSelectiveMin)) {
+      ready_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
+    }
+  }
+  // cq_wait=sockets with many endpoints: an fi CQ read costs libfabric tcp
+  // a poll(2) of that endpoint's sockets, so a poll that read every
+  // endpoint's grew with the idle connections (100 idle ones made a
+  // sporadic round trip 1.3-1.6x slower than with FI_WAIT_FD, whose reads
+  // cost an epoll_wait). One epoll_wait names the endpoints whose sockets
+  // had an edge; only they, those with posts or work left, and every
+  // endpoint every kLivenessIntervalNs (a backstop), are read.
+  bool full = true;
+  if (selective_) {
+    const int64_t last = last_full_ns_.load(std::memory_order_relaxed);
+    full = now - last > kLivenessIntervalNs;
+    if (full) last_full_ns_.store(now, std::memory_order_relaxed);
+  }
   // Completions and control messages are taken out under the domain lock
   // alone (it keeps the endpoint list in place); they are handed on after
   // it is released, since their consumers post again. Control messages
@@ -1908,15 +2151,23 @@ size_t OfiCq::Progress() {
   bool control = false;
   {
     DomLock lock(&fabric_->dom_mu());
+    progressed_posts_ = posts_;
+    const bool selective = selective_ && endpoints_.size() >= kSelectiveMin;
+    if (selective) hot_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
     for (OfiEndpoint* ep : endpoints_) {
+      if (selective && !full && !ep->MayHaveWorkLocked(hot_)) continue;
       control_.clear();
-      n += ep->ProgressLocked(&out, &control_);
+      const size_t before = out.size();
+      const size_t k = ep->ProgressLocked(&out, &control_);
+      n += k;
+      // Found something: there may be more.
+      ep->SetPollHintLocked(k > 0 || out.size() > before || !control_.empty());
       for (auto& m : control_) pending_control_.emplace_back(ep, std::move(m));
     }
     control = !pending_control_.empty();
   }
   const size_t done = n + out.size();
-  if (done > 0) poll_ns_.store(kMinPollNs, std::memory_order_relaxed);
+  if (done > 0) poll_ns_.store(min_poll_ns_, std::memory_order_relaxed);
   if (!out.empty()) PushAll(std::span<Completion>(out.data(), out.size()));
   if (check || control) {
     // mu_ keeps the endpoints in place while their messages are handed on
@@ -1931,10 +2182,6 @@ size_t OfiCq::Progress() {
     // Liveness after draining: a FIN already received decides how a
     // closed socket is treated.
     if (check) {
-      const bool all = check_all_.exchange(false, std::memory_order_relaxed);
-      // Per endpoint its liveness fd and its fi CQ's; then the wake fd, the
-      // poll timer and the linger timer.
-      if (!all) ready_.Collect(epoll_.get(), 2 * endpoints_.size() + 3);
       for (OfiEndpoint* ep : endpoints_) {
         if (all || !ep->LivenessByReadiness() || ready_.contains(ep)) ep->CheckPeer();
       }
@@ -1946,8 +2193,10 @@ size_t OfiCq::Progress() {
 bool OfiCq::ArmProvider() {
   {
     // Injected sends wait for the next progress (OfiEndpoint::TryInject,
-    // which wakes a sleeper that armed after this look).
+    // which wakes a sleeper that armed after this look); so do operations
+    // posted since (PostedLocked).
     DomLock lock(&fabric_->dom_mu());
+    if (posts_ != progressed_posts_) return false;
     for (OfiEndpoint* ep : endpoints_) {
       if (ep->HasInjectedLocked()) return false;
     }
@@ -1975,9 +2224,9 @@ bool OfiCq::ArmProvider() {
       return false;
     }
   }
-  if (timer_) {
+  if (timer_ && max_poll_ns_ > 0) {
     int64_t ns = poll_ns_.load(std::memory_order_relaxed);
-    poll_ns_.store(std::min(2 * ns, kMaxPollNs), std::memory_order_relaxed);
+    poll_ns_.store(std::min(2 * ns, max_poll_ns_), std::memory_order_relaxed);
     itimerspec ts{};
     ts.it_value.tv_nsec = ns;
     ::timerfd_settime(timer_.get(), 0, &ts, nullptr);
@@ -2006,14 +2255,15 @@ bool OfiCq::ArmProvider() {
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> OfiFabric::CreateCq() {
   Fd timer;
-  if (!caps_.wait_fd) timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  if (!fi_wait_fd_) timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   Fd linger_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll || !linger_timer || (!caps_.wait_fd && !timer)) {
+  if (!epoll || !linger_timer || (!fi_wait_fd_ && !timer)) {
     return ErrnoError(errno, "creating the ofi CQ wait set failed", "raise the fd limit (ulimit -n)");
   }
   auto cq = std::unique_ptr<OfiCq>(
-      new OfiCq(this, std::move(timer), std::move(linger_timer), std::move(epoll)));
+      new OfiCq(this, std::move(timer), std::move(linger_timer), std::move(epoll), wait_sockets_,
+                settings_.backstop_ns));
   cq->WatchWake();
   return std::unique_ptr<CompletionQueue>(std::move(cq));
 }
@@ -2077,7 +2327,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
     av_attr.count = 1;
     if ((rc = fi_av_open(domain_, &av_attr, &av, nullptr)) != 0) return fail(FiError(rc, "fi_av_open"));
     if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0) return fail(FiError(rc, "fi_ep_bind(av)"));
-    if (auto st = OpenEndpointCq(domain_, caps_.wait_fd, &fcq, &fcq_fd); !st.ok()) return fail(st);
+    if (auto st = OpenEndpointCq(domain_, fi_wait_fd_, &fcq, &fcq_fd); !st.ok()) return fail(st);
     if ((rc = fi_ep_bind(ep, &fcq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
       return fail(FiError(rc, "fi_ep_bind(cq)"));
     }
@@ -2493,7 +2743,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_
     if (auto st = OpenEq(fabric_, &eq, &eq_fd); !st.ok()) return fail(st);
     if ((rc = fi_endpoint(domain_, data_info, &ep, nullptr)) != 0) return fail(FiError(rc, "fi_endpoint"));
     if ((rc = fi_endpoint(domain_, ctrl_info, &cep, nullptr)) != 0) return fail(FiError(rc, "fi_endpoint"));
-    if (auto st = OpenEndpointCq(domain_, caps_.wait_fd, &fcq, &fcq_fd); !st.ok()) return fail(st);
+    if (auto st = OpenEndpointCq(domain_, fi_wait_fd_, &fcq, &fcq_fd); !st.ok()) return fail(st);
     for (fid_ep* e : {ep, cep}) {
       if ((rc = fi_ep_bind(e, &eq->fid, 0)) != 0) return fail(FiError(rc, "fi_ep_bind(eq)"));
       if ((rc = fi_ep_bind(e, &fcq->fid, FI_TRANSMIT | FI_RECV)) != 0) return fail(FiError(rc, "fi_ep_bind(cq)"));
@@ -2540,7 +2790,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::EstablishMsg(fi_info* data_
                        "check the peer's log");
     }
   }
-  endpoint->Connected();
+  if (auto st = endpoint->Connected(); !st.ok()) return st;
   return std::unique_ptr<Endpoint>(std::move(endpoint));
 }
 

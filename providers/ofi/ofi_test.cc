@@ -1,16 +1,24 @@
 // ofi provider specifics the conformance suite does not cover: how a
 // configuration string resolves to a libfabric provider, and the errors for
 // one that does not exist or cannot run here.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/provider.h"
 #include "core/rcache.h"
@@ -66,19 +74,49 @@ TEST(OfiOpen, ConfigurationsResolveToTheirEndpointTypes) {
   EXPECT_FALSE((*shm)->caps().wait_fd);
 }
 
+bool HasNote(const Capabilities& caps, absl::string_view text) {
+  for (const std::string& note : caps.notes) {
+    if (absl::StrContains(note, text)) return true;
+  }
+  return false;
+}
+
 // cq_wait=none opens the CQs without a wait object, says so, and still
-// waits (OfiPair.BlockedWaitDoesNotSpin runs it); a wrong value is refused
-// with the values it takes.
+// waits (OfiPair.BlockedWaitDoesNotSpin runs it); ofi:tcp waits on its
+// sockets unless told otherwise, which no other configuration can; a wrong
+// value is refused with the values it takes.
 TEST(OfiOpen, CqWaitChoosesTheCqWaitObject) {
   auto fd = Fabric::Open("ofi:tcp?iface=lo&cq_wait=fd");
   ASSERT_TRUE(fd.ok()) << fd.status();
   EXPECT_TRUE((*fd)->caps().wait_fd);
+  EXPECT_FALSE(HasNote((*fd)->caps(), "cq_wait=")) << "cq_wait=fd is not what the notes say";
   auto none = Fabric::Open("ofi:tcp?iface=lo&cq_wait=none");
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE((*none)->caps().wait_fd);
-  bool noted = false;
-  for (const std::string& note : (*none)->caps().notes) noted |= absl::StrContains(note, "FI_WAIT_NONE");
-  EXPECT_TRUE(noted) << "the capabilities do not say the CQs have no wait object";
+  EXPECT_TRUE(HasNote((*none)->caps(), "FI_WAIT_NONE"))
+      << "the capabilities do not say the CQs have no wait object";
+  for (const char* config : {"ofi:tcp?iface=lo", "ofi:tcp?iface=lo&cq_wait=sockets"}) {
+    auto sockets = Fabric::Open(config);
+    ASSERT_TRUE(sockets.ok()) << sockets.status();
+    EXPECT_TRUE((*sockets)->caps().wait_fd) << config;
+    EXPECT_TRUE(HasNote((*sockets)->caps(), "cq_wait=sockets")) << config;
+  }
+  auto rxm = Fabric::Open("ofi:tcp;ofi_rxm?iface=lo");
+  ASSERT_TRUE(rxm.ok()) << rxm.status();
+  EXPECT_FALSE(HasNote((*rxm)->caps(), "cq_wait=sockets")) << "rxm has no sockets of its own to wait on";
+  auto rxm_sockets = Fabric::Open("ofi:tcp;ofi_rxm?iface=lo&cq_wait=sockets");
+  ASSERT_FALSE(rxm_sockets.ok());
+  EXPECT_EQ(rxm_sockets.status().code(), absl::StatusCode::kInvalidArgument) << rxm_sockets.status();
+  EXPECT_TRUE(absl::StrContains(rxm_sockets.status().message(), "ofi:tcp")) << rxm_sockets.status();
+  // The backstop belongs to cq_wait=sockets.
+  auto backstop = Fabric::Open("ofi:tcp?iface=lo&backstop_ms=0");
+  EXPECT_TRUE(backstop.ok()) << backstop.status();
+  for (const char* config : {"ofi:tcp?iface=lo&cq_wait=fd&backstop_ms=2", "ofi:tcp?iface=lo&backstop_ms=soon"}) {
+    auto refused = Fabric::Open(config);
+    ASSERT_FALSE(refused.ok()) << config;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "backstop_ms")) << refused.status();
+  }
   auto bad = Fabric::Open("ofi:tcp?iface=lo&cq_wait=sometimes");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
@@ -132,6 +170,20 @@ TEST(OfiConnect, NoListenerIsRefusedAtOnceWithAHint) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << config << ": waited for the timeout";
     EXPECT_TRUE(absl::StrContains(ep.status().message(), "listener")) << config << ": " << ep.status();
   }
+}
+
+// Connects an endpoint on `cq_a` to `listener`, accepted on `cq_b` (both in
+// this process).
+void ConnectThrough(Fabric* fabric, Listener* listener, CompletionQueue* cq_a, CompletionQueue* cq_b,
+                    std::unique_ptr<Endpoint>* a, std::unique_ptr<Endpoint>* b) {
+  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
+  std::thread acceptor([&] { accepted = listener->Accept(cq_b, absl::Seconds(30)); });
+  auto connected = fabric->Connect(listener->address(), cq_a, absl::Seconds(30));
+  acceptor.join();
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  *a = std::move(*connected);
+  *b = std::move(*accepted);
 }
 
 // Two endpoints of one fabric, connected in one process.
@@ -201,14 +253,7 @@ class OfiPair : public ::testing::TestWithParam<std::string> {
     auto listener = fabric_->Listen("");
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = std::move(*listener);
-    absl::StatusOr<std::unique_ptr<Endpoint>> b;
-    std::thread acceptor([&] { b = listener_->Accept(cq_b_.get(), absl::Seconds(30)); });
-    auto a = fabric_->Connect(listener_->address(), cq_a_.get(), absl::Seconds(30));
-    acceptor.join();
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    a_ = std::move(*a);
-    b_ = std::move(*b);
+    ConnectThrough(fabric_.get(), listener_.get(), cq_a_.get(), cq_b_.get(), &a_, &b_);
   }
 
   // Destroyed in reverse: a_ first, the fabric last.
@@ -357,11 +402,181 @@ TEST_P(OfiPair, OperationsOnUnregisteredLocalBuffers) {
   }
 }
 
+int OpenFds() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// The fds in an epoll set (its /proc fdinfo "tfd:" lines).
+std::vector<int> EpollMembers(int epfd) {
+  std::ifstream in(absl::StrCat("/proc/self/fdinfo/", epfd));
+  std::vector<int> fds;
+  std::string word;
+  while (in >> word) {
+    int fd;
+    if (word == "tfd:" && in >> fd) fds.push_back(fd);
+  }
+  return fds;
+}
+
+// "IP:PORT" of an IPv4 socket address (the tests run over lo).
+std::string HostPort(const sockaddr_storage& ss) {
+  if (ss.ss_family != AF_INET) return "";
+  auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+  char host[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(a->sin_port));
+}
+
+// Whether `fd` is a TCP socket from `local` to `peer` (both "IP:PORT").
+bool IsConnection(int fd, const std::string& local, const std::string& peer) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
+  const std::string mine = HostPort(ss);
+  len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
+  return mine == local && HostPort(ss) == peer;
+}
+
+// ofi:tcp's default wait: each CQ's wait set holds the TCP sockets of its
+// endpoint's connections (data and control), found although both ends live
+// in this process, with their addresses swapped; cq_wait=fd holds none.
+// The duplicates are closed with the endpoints: no fd outlives them.
+TEST(OfiSockets, TheWaitSetHoldsTheConnectionsSockets) {
+  for (const char* config : {"ofi:tcp?iface=lo", "ofi:tcp?iface=lo&cq_wait=fd"}) {
+    const bool sockets = !absl::StrContains(config, "cq_wait=fd");
+    auto fabric = Fabric::Open(config);
+    ASSERT_TRUE(fabric.ok()) << fabric.status();
+    int before = -1;
+    for (int round = 0; round < 2; ++round) {
+      // Round 0 warms libfabric up (its own lasting fds); round 1 counts.
+      if (round == 1) before = OpenFds();
+      auto cq_a = (*fabric)->CreateCq();
+      auto cq_b = (*fabric)->CreateCq();
+      ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+      auto listener = (*fabric)->Listen("");
+      ASSERT_TRUE(listener.ok()) << listener.status();
+      std::unique_ptr<Endpoint> a, b;
+      ASSERT_NO_FATAL_FAILURE(
+          ConnectThrough(fabric->get(), listener->get(), cq_a->get(), cq_b->get(), &a, &b));
+      for (auto [ep, cq] : {std::pair{a.get(), cq_a->get()}, std::pair{b.get(), cq_b->get()}}) {
+        const EndpointInfo& info = ep->info();
+        int data = 0, connections = 0;
+        for (int fd : EpollMembers(cq->wait_fd())) {
+          sockaddr_storage ss{};
+          socklen_t len = sizeof(ss);
+          if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) ++connections;
+          if (IsConnection(fd, info.local_address, info.peer_address)) ++data;
+        }
+        EXPECT_EQ(data, sockets ? 1 : 0) << config << ": " << info.local_address << " -> "
+                                         << info.peer_address;
+        EXPECT_EQ(connections, sockets ? 2 : 0) << config << ": the data and control connections";
+      }
+      // Still a working pair.
+      char buf[8] = {};
+      ASSERT_TRUE(b->PostRecv(buf, sizeof(buf), nullptr, 1).ok());
+      ASSERT_TRUE(a->Send("ping", 5, nullptr, 2).ok());
+      Completion c;
+      auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+      ASSERT_TRUE(n.ok() && *n == 1);
+      EXPECT_STREQ(buf, "ping");
+      a.reset();
+      b.reset();
+    }
+    EXPECT_EQ(OpenFds(), before) << config << ": fds left behind by a connection";
+  }
+}
+
+// cq_wait=sockets with many connections on one CQ, where a poll reads only
+// the endpoints that have something to find, and without the backstop
+// timer: a wake-up missed, or an endpoint skipped that had a completion,
+// fails a Wait. A server thread answers on every connection; the client
+// sends to them in a changing order, waiting (asleep, past the spin) for
+// each answer; the server's replies also complete while it sleeps.
+TEST(OfiSockets, ManyConnectionsOnOneCqWakeForEveryMessage) {
+  auto fabric = Fabric::Open("ofi:tcp?iface=lo&backstop_ms=0");
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto cq_a = (*fabric)->CreateCq();
+  auto cq_b = (*fabric)->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  auto listener = (*fabric)->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  constexpr int kConns = 12, kRounds = 20;
+  std::vector<std::unique_ptr<Endpoint>> a(kConns), b(kConns);
+  for (int i = 0; i < kConns; ++i) {
+    ASSERT_NO_FATAL_FAILURE(
+        ConnectThrough(fabric->get(), listener->get(), cq_a->get(), cq_b->get(), &a[i], &b[i]));
+  }
+  std::vector<std::array<char, 32>> in_a(kConns), in_b(kConns);
+  for (int i = 0; i < kConns; ++i) {
+    ASSERT_TRUE(a[i]->PostRecv(in_a[i].data(), in_a[i].size(), nullptr, i).ok());
+    ASSERT_TRUE(b[i]->PostRecv(in_b[i].data(), in_b[i].size(), nullptr, i).ok());
+  }
+  constexpr uint64_t kSendCtx = 1000;
+  std::atomic<int> served{0};
+  std::string server_error;
+  std::thread server([&] {
+    int replies_done = 0;
+    while (served.load() < kConns * kRounds || replies_done < kConns * kRounds) {
+      Completion c;
+      auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+      if (!n.ok() || *n == 0) {
+        server_error = absl::StrCat("the server's wait timed out after ", served.load(), " requests");
+        return;
+      }
+      if (!c.status.ok()) {
+        server_error = c.status.ToString();
+        return;
+      }
+      if (c.context >= kSendCtx) {
+        ++replies_done;
+        continue;
+      }
+      const int i = static_cast<int>(c.context);
+      std::string reply = absl::StrCat("re:", std::string(in_b[i].data(), c.length));
+      if (!b[i]->PostRecv(in_b[i].data(), in_b[i].size(), nullptr, i).ok() ||
+          !b[i]->Send(reply.data(), reply.size(), nullptr, kSendCtx + i).ok()) {
+        server_error = "the server could not post";
+        return;
+      }
+      served.fetch_add(1);
+    }
+  });
+  for (int round = 0; round < kRounds && server_error.empty(); ++round) {
+    for (int k = 0; k < kConns; ++k) {
+      const int i = (k * 5 + round) % kConns;  // 5 and 12 coprime: each once per round
+      const std::string msg = absl::StrCat("r", round, "c", i);
+      ASSERT_TRUE(a[i]->Send(msg.data(), msg.size(), nullptr, kSendCtx + i).ok());
+      bool got_reply = false;
+      while (!got_reply) {
+        Completion c;
+        auto n = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+        ASSERT_TRUE(n.ok() && *n == 1) << "round " << round << ", connection " << i
+                                       << ": no completion in 10 s (a missed wake-up)";
+        ASSERT_TRUE(c.status.ok()) << c.status;
+        if (c.context >= kSendCtx) continue;  // our send's completion
+        ASSERT_EQ(c.context, static_cast<uint64_t>(i));
+        EXPECT_EQ(std::string(in_a[i].data(), c.length), "re:" + msg);
+        ASSERT_TRUE(a[i]->PostRecv(in_a[i].data(), in_a[i].size(), nullptr, i).ok());
+        got_reply = true;
+      }
+      // Now and then past the spin, so that both sides sleep.
+      if (k % 4 == 0) absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  server.join();
+  EXPECT_EQ(server_error, "");
+  EXPECT_EQ(served.load(), kConns * kRounds);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
                          ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm",
                                            "ofi:tcp;ofi_rxm?iface=lo&mr_local=on",
                                            "ofi:tcp?iface=lo&mr_local=on", "ofi:tcp?iface=lo&cq_wait=none",
-                                           "ofi:tcp;ofi_rxm?iface=lo&cq_wait=none"),
+                                           "ofi:tcp;ofi_rxm?iface=lo&cq_wait=none",
+                                           "ofi:tcp?iface=lo&cq_wait=fd", "ofi:tcp?iface=lo&backstop_ms=0"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name;
                            for (char ch : info.param) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
