@@ -32,8 +32,6 @@
 // from 50 us to 1 ms.
 // Design notes and limits: docs/ofi.md.
 #include <arpa/inet.h>
-#include <dirent.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -54,6 +52,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -82,6 +81,7 @@
 #include "core/rcache.h"
 #include "core/sockaddr.h"
 #include "core/status.h"
+#include "providers/ofi/tcp_socket.h"
 
 namespace zsock::ofi {
 namespace {
@@ -615,60 +615,6 @@ class OfiRegion final : public MemoryRegion {
 // later registration), then the u64 key or the raw key bytes.
 constexpr uint8_t kBlobRaw = 1, kBlobVirt = 2;
 constexpr size_t kBlobHeader = 9;
-
-// ------------------------------------------------------------ tcp sockets
-
-bool SameSockAddr(const sockaddr_storage& a, const sockaddr_storage& b) {
-  if (a.ss_family != b.ss_family) return false;
-  if (a.ss_family == AF_INET) {
-    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
-    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
-    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
-  }
-  if (a.ss_family == AF_INET6) {
-    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
-    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-    return x.sin6_port == y.sin6_port &&
-           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(x.sin6_addr)) == 0;
-  }
-  return false;
-}
-
-bool SocketHasAddresses(int fd, const sockaddr_storage& local, const sockaddr_storage& peer) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 || !SameSockAddr(ss, local)) {
-    return false;
-  }
-  len = sizeof(ss);
-  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 && SameSockAddr(ss, peer);
-}
-
-// The TCP socket of a connected libfabric tcp endpoint, as a duplicate of
-// its fd that the caller owns, or an invalid Fd. libfabric 1.17 hands out
-// no such fd (tcp's fi_control has no FI_GETWAIT for endpoints), so it is
-// found by its addresses: the socket in this process whose own and peer
-// addresses are the endpoint's fi_getname and fi_getpeer (one TCP
-// connection has one such socket per host; both ends may be in this
-// process, with the addresses swapped). Checked again on the duplicate, in
-// case another thread closed the fd and reused its number meanwhile.
-Fd FindTcpSocket(const sockaddr_storage& local, const sockaddr_storage& peer) {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return Fd();
-  Fd found;
-  while (dirent* e = ::readdir(dir)) {
-    int fd = 0;
-    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == ::dirfd(dir)) continue;
-    if (!SocketHasAddresses(fd, local, peer)) continue;
-    Fd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (dup && SocketHasAddresses(dup.get(), local, peer)) {
-      found = std::move(dup);
-      break;
-    }
-  }
-  ::closedir(dir);
-  return found;
-}
 
 // ------------------------------------------------------------ completion queue
 

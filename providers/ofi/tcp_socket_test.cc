@@ -1,0 +1,90 @@
+// FindTcpSocket on plain loopback TCP connections: both ends in this
+// process, near the lowest free fd and far from it (the /proc/self/fd
+// listing), and a connection that is not there.
+#include "providers/ofi/tcp_socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace zsock::ofi {
+namespace {
+
+struct Conn {
+  Fd client, server;
+  sockaddr_storage client_addr{}, server_addr{};
+};
+
+// A loopback connection: client `connect`s, server is the accepted end.
+Conn Connect() {
+  Conn c;
+  Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::listen(listener.get(), 4), 0);
+  EXPECT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  c.client.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_EQ(::connect(c.client.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  c.server.reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  EXPECT_TRUE(c.server);
+  len = sizeof(c.client_addr);
+  ::getsockname(c.client.get(), reinterpret_cast<sockaddr*>(&c.client_addr), &len);
+  len = sizeof(c.server_addr);
+  ::getsockname(c.server.get(), reinterpret_cast<sockaddr*>(&c.server_addr), &len);
+  return c;
+}
+
+// Whether `dup` is another fd for the same socket as `fd` (same inode).
+bool SameSocket(const Fd& dup, const Fd& fd) {
+  struct stat a {}, b {};
+  return dup && dup.get() != fd.get() && ::fstat(dup.get(), &a) == 0 && ::fstat(fd.get(), &b) == 0 &&
+         a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+TEST(FindTcpSocket, FindsEachEndByItsAddresses) {
+  Conn c = Connect();
+  for (int window : {128, 0}) {  // 0: straight to the /proc/self/fd listing
+    Fd client = FindTcpSocket(c.client_addr, c.server_addr, window);
+    Fd server = FindTcpSocket(c.server_addr, c.client_addr, window);
+    EXPECT_TRUE(SameSocket(client, c.client)) << "window " << window;
+    EXPECT_TRUE(SameSocket(server, c.server)) << "window " << window;
+    EXPECT_NE(::fcntl(client.get(), F_GETFD) & FD_CLOEXEC, 0);
+  }
+}
+
+// Far from the lowest free fd: a socket below many others, found by the
+// listing after the probes around the lowest free fd miss.
+TEST(FindTcpSocket, FindsASocketFarBelowTheLowestFreeFd) {
+  Conn c = Connect();
+  std::vector<Fd> filler;
+  for (int i = 0; i < 300; ++i) filler.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  Fd found = FindTcpSocket(c.client_addr, c.server_addr, 8);
+  EXPECT_TRUE(SameSocket(found, c.client));
+}
+
+TEST(FindTcpSocket, AConnectionThatIsNotHereIsNotFound) {
+  Conn c = Connect();
+  sockaddr_storage elsewhere = c.server_addr;
+  reinterpret_cast<sockaddr_in&>(elsewhere).sin_port = htons(1);  // nobody's peer
+  errno = 0;
+  Fd none = FindTcpSocket(c.client_addr, elsewhere);
+  EXPECT_FALSE(none);
+  EXPECT_EQ(errno, ENOENT);
+  // Closed: gone too.
+  sockaddr_storage local = c.client_addr, peer = c.server_addr;
+  c.client.reset();
+  EXPECT_FALSE(FindTcpSocket(local, peer));
+}
+
+}  // namespace
+}  // namespace zsock::ofi
