@@ -104,7 +104,7 @@ constexpr int64_t kMaxPollNs = 1000 * 1000;
 // cq_wait=sockets: the timer is only a backstop (the sockets wake a
 // sleeper), for progress that no socket announces.
 constexpr int64_t kMinBackstopNs = 1000 * 1000;
-constexpr int64_t kMaxBackstopNs = 8 * 1000 * 1000;
+constexpr int64_t kMaxBackstopNs = 64 * 1000 * 1000;
 // cq_wait=sockets: from this many endpoints on a CQ on, a poll reads only
 // the fi CQs of endpoints with something to find (OfiCq::Progress).
 constexpr size_t kSelectiveMin = 8;
@@ -281,7 +281,7 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
         return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                          absl::StrCat("ofi option backstop_ms=", v, " is not a number of milliseconds "
                                       "from 0 to 60000"),
-                         "write e.g. backstop_ms=8 (the default), or backstop_ms=0 for no timer");
+                         "write e.g. backstop_ms=64 (the default), or backstop_ms=0 for no timer");
       }
       s.backstop_ns = int64_t{ms} * 1000 * 1000;
       s.backstop_set = true;
@@ -718,7 +718,7 @@ class OfiCq final : public CompletionQueue {
   // after poll_ns_, which starts at 50 us after progress found work and
   // doubles with every idle wakeup up to 1 ms: prompt while traffic flows,
   // about a thousand cheap wakeups a second at most when idle.
-  // With cq_wait=sockets the timer is a backstop only: 1 to 8 ms by
+  // With cq_wait=sockets the timer is a backstop only: 1 to 64 ms by
   // default (option backstop_ms; 0: never armed).
   Fd timer_;
   const int64_t min_poll_ns_, max_poll_ns_;
