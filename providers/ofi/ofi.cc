@@ -47,6 +47,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -1061,7 +1062,10 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   f->wait_sockets_ = wait == CqWait::kSockets;
   if (f->settings_.backstop_set && !f->wait_sockets_) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     "ofi option backstop_ms applies to cq_wait=sockets only",
+                     absl::StrCat("ofi option backstop_ms applies to cq_wait=sockets only",
+                                  tcp_msg && f->settings_.cq_wait == CqWait::kAuto
+                                      ? " (ofi:tcp waits on FI_WAIT_FD here: /proc/self/fd cannot be read)"
+                                      : ""),
                      "leave it out, or use it with ofi:tcp (whose default is cq_wait=sockets)");
   }
   c.wait_fd = wait != CqWait::kNone;
@@ -1216,6 +1220,8 @@ class OfiEndpoint final : public Endpoint {
   // MSG: both halves are connected; the endpoint joins its CQ. Fails only
   // when cq_wait=sockets cannot find or duplicate one of its sockets.
   absl::Status Connected() {
+    std::array<sockaddr_storage, 2> local{}, peer{};
+    std::array<bool, 2> named{};
     {
       DomLock lock(&fab_->dom_mu());
       sockaddr_storage ss{};
@@ -1226,31 +1232,48 @@ class OfiEndpoint final : public Endpoint {
       if (fab_->wait_sockets()) {
         for (int i = 0; i < 2; ++i) {
           fid_ep* e = i == 0 ? ep_ : cep_;
-          sockaddr_storage local{}, peer{};
-          size_t ll = sizeof(local), pl = sizeof(peer);
-          errno = 0;
-          if (fi_getname(&e->fid, &local, &ll) == 0 && fi_getpeer(e, &peer, &pl) == 0) {
-            sockets_[i] = FindTcpSocket(local, peer);
-          }
-          if (!sockets_[i]) {
-            // Without it a blocked wait would not wake for this connection.
-            return ErrnoError(errno != 0 ? errno : ENOENT,
-                              absl::StrCat("cq_wait=sockets: the TCP socket of the ofi connection to ",
-                                           info_.peer_address, " was not found in /proc/self/fd or "
-                                           "could not be duplicated"),
-                              "raise the fd limit (ulimit -n), or write cq_wait=fd");
-          }
+          size_t ll = sizeof(local[i]), pl = sizeof(peer[i]);
+          named[i] = fi_getname(&e->fid, &local[i], &ll) == 0 && fi_getpeer(e, &peer[i], &pl) == 0;
         }
       }
-      connected_ = true;
     }
+    // The search outside the domain lock: it may list every fd.
+    if (fab_->wait_sockets()) {
+      for (int i = 0; i < 2; ++i) {
+        if (!named[i]) {
+          return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
+                           absl::StrCat("the ofi connection to ", info_.peer_address,
+                                        " ended while it was set up (no peer address)"),
+                           "check the peer's log");
+        }
+        sockets_[i] = FindTcpSocket(local[i], peer[i]);
+        if (!sockets_[i]) {
+          // Without it a blocked wait would not wake for this connection.
+          const int err = errno;
+          return ErrnoError(err, absl::StrCat("cq_wait=sockets: the TCP socket of the ofi connection to ",
+                                              info_.peer_address, " was not found in /proc/self/fd or "
+                                              "could not be duplicated"),
+                            err == EMFILE || err == ENFILE ? "raise the fd limit (ulimit -n), or write cq_wait=fd"
+                                                           : "write cq_wait=fd");
+        }
+      }
+    }
+    // Not by readiness: libfabric tcp queues FI_SHUTDOWN (and signals the
+    // event queue's fd) only from its own progress, which fi_eq_read
+    // drives, so CheckPeer reads the queue at every wake-up and tick.
     liveness_by_readiness_ = false;
-    cq_->Attach(this);
-    if (eq_fd_ >= 0) cq_->Watch(eq_fd_);
-    if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
-    for (const Fd& sock : sockets_) {
-      if (sock) cq_->WatchSocket(sock.get(), this);
+    {
+      // Watched before Attach publishes the endpoint, under the lock its
+      // Shutdown takes.
+      DomLock lock(&fab_->dom_mu());
+      connected_ = true;
+      if (eq_fd_ >= 0) cq_->Watch(eq_fd_);
+      if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+      for (const Fd& sock : sockets_) {
+        if (sock) cq_->WatchSocket(sock.get(), this);
+      }
     }
+    cq_->Attach(this);
     return absl::OkStatus();
   }
 
@@ -1408,6 +1431,26 @@ class OfiEndpoint final : public Endpoint {
            peer_closed_ || lingering_.load(std::memory_order_relaxed);
   }
   void SetPollHintLocked(bool hint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) { poll_hint_ = hint; }
+  // cq_wait=sockets, before a sleep: whether another read may find work
+  // that no edge will announce. The last read found something; or a socket
+  // holds unread bytes, a different count than at the last look. libfabric
+  // tcp serves one request per progress and leaves the next ones in the
+  // socket (a pipeline of RMA requests completes nothing on the target:
+  // OfiSockets.PipelinedRmaToASleepingTargetCompletes stalled), while an
+  // unchanged count is a message it holds back until a receive is posted
+  // (sleeping on that is right; a post wakes us).
+  bool MayNeedReadBeforeSleepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    bool unread = false;
+    for (int i = 0; i < 2; ++i) {
+      if (!sockets_[i]) continue;
+      int n = 0;
+      if (::ioctl(sockets_[i].get(), FIONREAD, &n) != 0) n = 0;
+      unread |= n > 0 && n != last_unread_[i];
+      last_unread_[i] = n;
+    }
+    if (unread) poll_hint_ = true;
+    return poll_hint_;
+  }
   void TakeInjectedLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (injected_.empty()) return;
     for (Completion& c : injected_) out->push_back(std::move(c));
@@ -2000,6 +2043,7 @@ class OfiEndpoint final : public Endpoint {
   // (FindTcpSocket), watched in the CQ's wait set.
   std::array<Fd, 2> sockets_;
   bool poll_hint_ = true;  // see MayHaveWorkLocked (domain lock)
+  std::array<int, 2> last_unread_{};  // see MayNeedReadBeforeSleepLocked
   bool liveness_by_readiness_ = false;  // see LivenessByReadiness
   bool eq_gone_ = false;   // MSG: FI_SHUTDOWN seen
   bool data_gone_ = false; // MSG: ... on the data connection
@@ -2067,12 +2111,11 @@ size_t OfiCq::Progress() {
     all = check_all_.exchange(false, std::memory_order_relaxed);
     // Per endpoint at most three fds (RDM: its liveness fd and its fi
     // CQ's; MSG: its event queue's and its fi CQ's or its two sockets);
-    // then the wake fd, the poll timer and the linger timer. Not when the
-    // poll below collects (selective): its MSG endpoints are all checked
-    // anyway, and the edges are for it.
-    if (!all && !(selective_ && endpoints_.size() >= kSelectiveMin)) {
-      ready_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
-    }
+    // then the wake fd, the poll timer and the linger timer. Not with
+    // cq_wait=sockets: its MSG endpoints are all checked anyway, and the
+    // poll below collects the edges (with the domain lock, right before
+    // the reads they call for).
+    if (!all && !selective_) ready_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
   }
   // cq_wait=sockets with many endpoints: an fi CQ read costs libfabric tcp
   // a poll(2) of that endpoint's sockets, so a poll that read every
@@ -2098,8 +2141,11 @@ size_t OfiCq::Progress() {
   {
     DomLock lock(&fabric_->dom_mu());
     progressed_posts_ = posts_;
+    // cq_wait=sockets: the edges are consumed here, and always followed by
+    // the reads (all endpoints', or those with an edge); on a liveness
+    // check at least, so that they do not pile up for a sleeper's poll(2).
     const bool selective = selective_ && endpoints_.size() >= kSelectiveMin;
-    if (selective) hot_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
+    if (selective_ && (selective || check)) hot_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
     for (OfiEndpoint* ep : endpoints_) {
       if (selective && !full && !ep->MayHaveWorkLocked(hot_)) continue;
       control_.clear();
@@ -2143,6 +2189,11 @@ bool OfiCq::ArmProvider() {
     // posted since (PostedLocked).
     DomLock lock(&fabric_->dom_mu());
     if (posts_ != progressed_posts_) return false;
+    if (fabric_->wait_sockets()) {
+      for (OfiEndpoint* ep : endpoints_) {
+        if (ep->MayNeedReadBeforeSleepLocked()) return false;
+      }
+    }
     for (OfiEndpoint* ep : endpoints_) {
       if (ep->HasInjectedLocked()) return false;
     }
@@ -2174,8 +2225,12 @@ bool OfiCq::ArmProvider() {
     int64_t ns = poll_ns_.load(std::memory_order_relaxed);
     poll_ns_.store(std::min(2 * ns, max_poll_ns_), std::memory_order_relaxed);
     itimerspec ts{};
-    ts.it_value.tv_nsec = ns;
-    ::timerfd_settime(timer_.get(), 0, &ts, nullptr);
+    ts.it_value.tv_sec = ns / 1000000000;  // backstop_ms may be a second or more
+    ts.it_value.tv_nsec = ns % 1000000000;
+    if (::timerfd_settime(timer_.get(), 0, &ts, nullptr) != 0) {
+      ZS_LOG(kWarn, "ofi: arming the CQ's poll timer (%lld ns) failed: %s", static_cast<long long>(ns),
+             std::strerror(errno));
+    }
   }
   if (lingering_.load(std::memory_order_relaxed) > 0 ||
       linger_armed_.load(std::memory_order_relaxed)) {

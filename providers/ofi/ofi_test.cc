@@ -489,6 +489,27 @@ TEST(OfiSockets, TheWaitSetHoldsTheConnectionsSockets) {
   }
 }
 
+// A fabric, two CQs (a: connecting side, b: accepting side) and a listener.
+struct Net {
+  std::unique_ptr<Fabric> fabric;
+  std::unique_ptr<CompletionQueue> cq_a, cq_b;
+  std::unique_ptr<Listener> listener;
+};
+
+void OpenNet(const std::string& config, Net* net) {
+  auto fabric = Fabric::Open(config);
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  net->fabric = std::move(*fabric);
+  auto cq_a = net->fabric->CreateCq();
+  auto cq_b = net->fabric->CreateCq();
+  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
+  net->cq_a = std::move(*cq_a);
+  net->cq_b = std::move(*cq_b);
+  auto listener = net->fabric->Listen("");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  net->listener = std::move(*listener);
+}
+
 // cq_wait=sockets with many connections on one CQ, where a poll reads only
 // the endpoints that have something to find, and without the backstop
 // timer: a wake-up missed, or an endpoint skipped that had a completion,
@@ -496,18 +517,13 @@ TEST(OfiSockets, TheWaitSetHoldsTheConnectionsSockets) {
 // sends to them in a changing order, waiting (asleep, past the spin) for
 // each answer; the server's replies also complete while it sleeps.
 TEST(OfiSockets, ManyConnectionsOnOneCqWakeForEveryMessage) {
-  auto fabric = Fabric::Open("ofi:tcp?iface=lo&backstop_ms=0");
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  auto cq_a = (*fabric)->CreateCq();
-  auto cq_b = (*fabric)->CreateCq();
-  ASSERT_TRUE(cq_a.ok() && cq_b.ok());
-  auto listener = (*fabric)->Listen("");
-  ASSERT_TRUE(listener.ok()) << listener.status();
+  Net net;
+  ASSERT_NO_FATAL_FAILURE(OpenNet("ofi:tcp?iface=lo&backstop_ms=0", &net));
   constexpr int kConns = 12, kRounds = 20;
   std::vector<std::unique_ptr<Endpoint>> a(kConns), b(kConns);
   for (int i = 0; i < kConns; ++i) {
     ASSERT_NO_FATAL_FAILURE(
-        ConnectThrough(fabric->get(), listener->get(), cq_a->get(), cq_b->get(), &a[i], &b[i]));
+        ConnectThrough(net.fabric.get(), net.listener.get(), net.cq_a.get(), net.cq_b.get(), &a[i], &b[i]));
   }
   std::vector<std::array<char, 32>> in_a(kConns), in_b(kConns);
   for (int i = 0; i < kConns; ++i) {
@@ -521,7 +537,7 @@ TEST(OfiSockets, ManyConnectionsOnOneCqWakeForEveryMessage) {
     int replies_done = 0;
     while (served.load() < kConns * kRounds || replies_done < kConns * kRounds) {
       Completion c;
-      auto n = (*cq_b)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+      auto n = net.cq_b->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
       if (!n.ok() || *n == 0) {
         server_error = absl::StrCat("the server's wait timed out after ", served.load(), " requests");
         return;
@@ -552,7 +568,7 @@ TEST(OfiSockets, ManyConnectionsOnOneCqWakeForEveryMessage) {
       bool got_reply = false;
       while (!got_reply) {
         Completion c;
-        auto n = (*cq_a)->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+        auto n = net.cq_a->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
         ASSERT_TRUE(n.ok() && *n == 1) << "round " << round << ", connection " << i
                                        << ": no completion in 10 s (a missed wake-up)";
         ASSERT_TRUE(c.status.ok()) << c.status;
@@ -569,6 +585,60 @@ TEST(OfiSockets, ManyConnectionsOnOneCqWakeForEveryMessage) {
   server.join();
   EXPECT_EQ(server_error, "");
   EXPECT_EQ(served.load(), kConns * kRounds);
+}
+
+// cq_wait=sockets without the backstop: a target asleep in Wait serves a
+// pipeline of RMA writes and reads, which complete nothing on its side
+// (libfabric tcp may serve one request per progress and leave the next
+// ones in the socket, with no new edge to wake the target).
+TEST(OfiSockets, PipelinedRmaToASleepingTargetCompletes) {
+  Net net;
+  ASSERT_NO_FATAL_FAILURE(OpenNet("ofi:tcp?iface=lo&backstop_ms=0", &net));
+  std::unique_ptr<Endpoint> a, b;
+  ASSERT_NO_FATAL_FAILURE(ConnectThrough(net.fabric.get(), net.listener.get(), net.cq_a.get(), net.cq_b.get(), &a, &b));
+  constexpr size_t kChunk = 64 * 1024;
+  constexpr int kOps = 32;
+  std::vector<uint8_t> target(kChunk * kOps, 0), source(kChunk * kOps), back(kChunk * kOps, 0);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(i * 13 + 5);
+  auto tmr = net.fabric->RegisterMemory(target.data(), target.size(), kAccessAll);
+  auto smr = net.fabric->RegisterMemory(source.data(), source.size(), kAccessAll);
+  auto bmr = net.fabric->RegisterMemory(back.data(), back.size(), kAccessAll);
+  ASSERT_TRUE(tmr.ok() && smr.ok() && bmr.ok());
+  RemoteKey key = (*tmr)->remote_key();
+  // The target sleeps in one long Wait (its progress serves the requests)
+  // until the initiator's closing message arrives.
+  char bye[8] = {};
+  ASSERT_TRUE(b->PostRecv(bye, sizeof(bye), nullptr, 99).ok());
+  std::thread target_side([&] {
+    for (;;) {
+      Completion c;
+      auto n = net.cq_b->Wait(std::span<Completion>(&c, 1), absl::Seconds(60));
+      if (!n.ok() || *n == 0 || c.context == 99) return;
+    }
+  });
+  auto finish = [&](const char* what) {
+    for (int i = 0; i < kOps; ++i) {
+      Completion c;
+      auto n = net.cq_a->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+      ASSERT_TRUE(n.ok() && *n == 1) << what << ": " << i << " of " << kOps
+                                     << " completed in 10 s (the target was not woken)";
+      ASSERT_TRUE(c.status.ok()) << c.status;
+    }
+  };
+  absl::SleepFor(absl::Milliseconds(50));  // the target is asleep
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE(a->Write(source.data() + i * kChunk, kChunk, smr->get(), key.addr + i * kChunk, key, i).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(finish("writes"));
+  EXPECT_EQ(target, source);
+  absl::SleepFor(absl::Milliseconds(50));
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE(a->Read(back.data() + i * kChunk, kChunk, bmr->get(), key.addr + i * kChunk, key, i).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(finish("reads"));
+  EXPECT_EQ(back, source);
+  ASSERT_TRUE(a->Send("bye", 4, nullptr, 100).ok());
+  target_side.join();
 }
 
 INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
