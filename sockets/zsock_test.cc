@@ -868,6 +868,10 @@ std::vector<Param> Params() {
   for (const auto& c : zsock::ConformanceConfigurations()) {
     for (const char* mode : {"bcopy", "zcopy", "azcopy"}) out.emplace_back(c, mode);
   }
+  // ofi:tcp's other wait (its default waits on its sockets), and its
+  // sockets with no backstop timer: a wake-up they miss fails a test.
+  out.emplace_back("ofi:tcp?iface=lo&cq_wait=fd", "bcopy");
+  out.emplace_back("ofi:tcp?iface=lo&backstop_ms=0", "bcopy");
   return out;
 }
 

@@ -47,7 +47,6 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -1274,6 +1273,10 @@ class OfiEndpoint final : public Endpoint {
       }
     }
     cq_->Attach(this);
+    // A sleeper may have taken the edges of the watches above before the
+    // endpoint was in the list: it polls again (and reads this endpoint,
+    // whose first read is due).
+    cq_->Wake();
     return absl::OkStatus();
   }
 
@@ -1305,6 +1308,7 @@ class OfiEndpoint final : public Endpoint {
     // reports when libfabric completes it, as before).
     TakeInjectedLocked(out);
     if (fcq_ == nullptr) return 0;
+    read_since_look_ = true;
     // drained_'s capacity is reused; it is taken out while completing, in
     // case completing progresses again.
     std::vector<std::pair<Request*, absl::Status>> entries = std::move(drained_);
@@ -1432,26 +1436,37 @@ class OfiEndpoint final : public Endpoint {
   }
   void SetPollHintLocked(bool hint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) { poll_hint_ = hint; }
   // cq_wait=sockets, before a sleep: whether another read may find work
-  // that no edge will announce. The last read found something; or a socket
-  // holds unread bytes, a different count than at the last look. libfabric
-  // tcp serves one request per progress and leaves the next ones in the
+  // that no edge will announce. The last read found something; or libfabric
+  // tcp took bytes from a socket since the last look and left some there:
+  // it serves one request per progress and leaves the next ones in the
   // socket (a pipeline of RMA requests completes nothing on the target:
-  // OfiSockets.PipelinedRmaToASleepingTargetCompletes stalled), while an
-  // unchanged count is a message it holds back until a receive is posted
-  // (sleeping on that is right; a post wakes us).
+  // OfiSockets.PipelinedRmaToASleepingTargetCompletes stalled). Bytes it
+  // does not take are a message it holds until a receive is posted
+  // (sleeping on that is right; a post wakes us). Only endpoints read since
+  // the last look can have moved (new bytes bring an edge), which keeps a
+  // sleep's cost to them when many connections share a CQ.
   bool MayNeedReadBeforeSleepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    bool unread = false;
-    for (int i = 0; i < 2; ++i) {
-      if (!sockets_[i]) continue;
-      int n = 0;
-      if (::ioctl(sockets_[i].get(), FIONREAD, &n) != 0) n = 0;
-      unread |= n > 0 && n != last_unread_[i];
-      last_unread_[i] = n;
-    }
-    if (unread) poll_hint_ = true;
+    if (poll_hint_) return true;
+    if (!read_since_look_) return false;
+    read_since_look_ = false;
+    if (SocketsMovedLocked()) poll_hint_ = true;
     return poll_hint_;
   }
-  void TakeInjectedLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+  // Whether tcp took bytes from a socket since the last look and left some
+  // (TcpReadProgress, exact where a count of unread bytes alone could
+  // come out the same by coincidence).
+  bool SocketsMovedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    bool moved = false;
+    for (int i = 0; i < 2; ++i) {
+      if (!sockets_[i]) continue;
+      uint64_t consumed = 0;
+      int unread = 0;
+      if (!TcpReadProgress(sockets_[i].get(), &consumed, &unread)) continue;
+      moved |= unread > 0 && consumed != last_consumed_[i];
+      last_consumed_[i] = consumed;
+    }
+    return moved;
+  }  void TakeInjectedLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (injected_.empty()) return;
     for (Completion& c : injected_) out->push_back(std::move(c));
     injected_.clear();
@@ -1756,6 +1771,8 @@ class OfiEndpoint final : public Endpoint {
       if (rc != 0) {
         outstanding_.erase(req);
         CompleteLocked(req, FiError(rc, CallName(req), "the provider refused the operation"), 0, out, nullptr);
+      } else {
+        poll_hint_ = true;  // it may have completed inside the call (cq_wait=sockets)
       }
     }
   }
@@ -2043,7 +2060,8 @@ class OfiEndpoint final : public Endpoint {
   // (FindTcpSocket), watched in the CQ's wait set.
   std::array<Fd, 2> sockets_;
   bool poll_hint_ = true;  // see MayHaveWorkLocked (domain lock)
-  std::array<int, 2> last_unread_{};  // see MayNeedReadBeforeSleepLocked
+  std::array<uint64_t, 2> last_consumed_{};  // see SocketsMovedLocked
+  bool read_since_look_ = false;      // ... ProgressLocked ran since
   bool liveness_by_readiness_ = false;  // see LivenessByReadiness
   bool eq_gone_ = false;   // MSG: FI_SHUTDOWN seen
   bool data_gone_ = false; // MSG: ... on the data connection
@@ -2152,8 +2170,12 @@ size_t OfiCq::Progress() {
       const size_t before = out.size();
       const size_t k = ep->ProgressLocked(&out, &control_);
       n += k;
-      // Found something: there may be more.
-      ep->SetPollHintLocked(k > 0 || out.size() > before || !control_.empty());
+      // Found something: there may be more. Found nothing but took bytes
+      // and left some (a pipeline of RMA requests, one served per read):
+      // read it again, without waiting for the next full pass.
+      bool more = k > 0 || out.size() > before || !control_.empty();
+      if (!more && selective) more = ep->SocketsMovedLocked();
+      ep->SetPollHintLocked(more);
       for (auto& m : control_) pending_control_.emplace_back(ep, std::move(m));
     }
     control = !pending_control_.empty();

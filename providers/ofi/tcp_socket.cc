@@ -2,10 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -30,37 +34,53 @@ bool SameSockAddr(const sockaddr_storage& a, const sockaddr_storage& b) {
   return false;
 }
 
-bool SocketHasAddresses(int fd, const sockaddr_storage& local, const sockaddr_storage& peer) {
+// 1: it is; 0: it is not (another socket, or no socket); -1: no such fd.
+int SocketHasAddresses(int fd, const sockaddr_storage& local, const sockaddr_storage& peer) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 || !SameSockAddr(ss, local)) {
-    return false;
-  }
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return errno == EBADF ? -1 : 0;
+  if (!SameSockAddr(ss, local)) return 0;
   len = sizeof(ss);
-  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 && SameSockAddr(ss, peer);
+  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 && SameSockAddr(ss, peer) ? 1 : 0;
 }
 
-// `fd` if it is the socket, duplicated; `*dup_errno` says why a matching
-// one could not be duplicated.
-Fd Probe(int fd, const sockaddr_storage& local, const sockaddr_storage& peer, int* dup_errno) {
-  if (!SocketHasAddresses(fd, local, peer)) return Fd();
+// -1: no such fd; 0: not it; 1: found (`*found` holds the duplicate).
+// `*dup_errno` says why a matching one could not be duplicated.
+int Probe(int fd, const sockaddr_storage& local, const sockaddr_storage& peer, Fd* found,
+          int* dup_errno) {
+  int r = SocketHasAddresses(fd, local, peer);
+  if (r <= 0) return r;
   Fd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!dup) *dup_errno = errno;
-  if (dup && SocketHasAddresses(dup.get(), local, peer)) return dup;
-  return Fd();
+  if (dup && SocketHasAddresses(dup.get(), local, peer) == 1) {
+    *found = std::move(dup);
+    return 1;
+  }
+  return 0;
 }
+
+// A run this long of closed fd numbers above the lowest free one is taken
+// for the end of the table (the /proc listing covers what lies beyond).
+constexpr int kClosedRun = 256;
 
 }  // namespace
 
 Fd FindTcpSocket(const sockaddr_storage& local, const sockaddr_storage& peer, int window) {
   int dup_errno = 0;
+  Fd found;
   const int lowest_free = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (lowest_free >= 0) {
     ::close(lowest_free);
-    for (int d = 1; d <= window; ++d) {
-      for (int fd : {lowest_free - d, lowest_free + d}) {
-        if (fd < 0) continue;
-        if (Fd found = Probe(fd, local, peer, &dup_errno)) return found;
+    // Outward from the lowest free fd: down to 0, and up until a run of
+    // closed numbers. One system call per fd, and the new socket is
+    // usually within a few.
+    int down = lowest_free - 1, up = lowest_free + 1, closed_run = 0;
+    for (int step = 0; step < window && (down >= 0 || closed_run < kClosedRun); ++step) {
+      if (down >= 0 && Probe(down--, local, peer, &found, &dup_errno) == 1) return found;
+      if (closed_run < kClosedRun) {
+        int r = Probe(up++, local, peer, &found, &dup_errno);
+        if (r == 1) return found;
+        closed_run = r < 0 ? closed_run + 1 : 0;
       }
     }
   } else {
@@ -74,13 +94,27 @@ Fd FindTcpSocket(const sockaddr_storage& local, const sockaddr_storage& peer, in
     }
     ::closedir(dir);
     for (int fd : fds) {
-      if (Fd found = Probe(fd, local, peer, &dup_errno)) return found;
+      if (Probe(fd, local, peer, &found, &dup_errno) == 1) return found;
     }
   } else if (dup_errno == 0) {
     dup_errno = errno;
   }
   errno = dup_errno != 0 ? dup_errno : ENOENT;
   return Fd();
+}
+
+bool TcpReadProgress(int fd, uint64_t* consumed, int* unread) {
+  int queued = 0;
+  if (::ioctl(fd, SIOCINQ, &queued) != 0) return false;
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+    return false;
+  }
+  *unread = queued;
+  *consumed = info.tcpi_bytes_received - static_cast<uint64_t>(queued);
+  return true;
 }
 
 }  // namespace zsock::ofi

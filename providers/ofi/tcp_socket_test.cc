@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -53,7 +54,7 @@ bool SameSocket(const Fd& dup, const Fd& fd) {
 
 TEST(FindTcpSocket, FindsEachEndByItsAddresses) {
   Conn c = Connect();
-  for (int window : {128, 0}) {  // 0: straight to the /proc/self/fd listing
+  for (int window : {1 << 20, 0}) {  // 0: straight to the /proc/self/fd listing
     Fd client = FindTcpSocket(c.client_addr, c.server_addr, window);
     Fd server = FindTcpSocket(c.server_addr, c.client_addr, window);
     EXPECT_TRUE(SameSocket(client, c.client)) << "window " << window;
@@ -63,13 +64,25 @@ TEST(FindTcpSocket, FindsEachEndByItsAddresses) {
 }
 
 // Far from the lowest free fd: a socket below many others, found by the
-// listing after the probes around the lowest free fd miss.
+// outward search, and by the listing when the search is cut short.
 TEST(FindTcpSocket, FindsASocketFarBelowTheLowestFreeFd) {
   Conn c = Connect();
   std::vector<Fd> filler;
   for (int i = 0; i < 300; ++i) filler.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  Fd found = FindTcpSocket(c.client_addr, c.server_addr, 8);
-  EXPECT_TRUE(SameSocket(found, c.client));
+  for (int window : {1 << 20, 8}) {
+    Fd found = FindTcpSocket(c.client_addr, c.server_addr, window);
+    EXPECT_TRUE(SameSocket(found, c.client)) << "window " << window;
+  }
+}
+
+// Above the lowest free fd, past a hole: found on the way up.
+TEST(FindTcpSocket, FindsASocketAboveAHole) {
+  std::vector<Fd> filler;
+  for (int i = 0; i < 40; ++i) filler.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  Conn c = Connect();  // its fds above the filler
+  filler[5].reset();   // the lowest free fd is now far below it
+  Fd found = FindTcpSocket(c.server_addr, c.client_addr);
+  EXPECT_TRUE(SameSocket(found, c.server));
 }
 
 TEST(FindTcpSocket, AConnectionThatIsNotHereIsNotFound) {
@@ -84,6 +97,27 @@ TEST(FindTcpSocket, AConnectionThatIsNotHereIsNotFound) {
   sockaddr_storage local = c.client_addr, peer = c.server_addr;
   c.client.reset();
   EXPECT_FALSE(FindTcpSocket(local, peer));
+}
+
+// What the owner took and what is still queued, exactly.
+TEST(TcpReadProgress, CountsWhatTheOwnerTookAndWhatIsQueued) {
+  Conn c = Connect();
+  char out[1000];
+  std::memset(out, 7, sizeof(out));
+  ASSERT_EQ(::send(c.client.get(), out, sizeof(out), 0), static_cast<ssize_t>(sizeof(out)));
+  uint64_t consumed = 1;
+  int unread = 0;
+  for (int i = 0; i < 1000 && unread < 1000; ++i) {  // loopback delivers at once, but let it
+    ASSERT_TRUE(TcpReadProgress(c.server.get(), &consumed, &unread));
+    if (unread < 1000) ::usleep(1000);
+  }
+  EXPECT_EQ(unread, 1000);
+  EXPECT_EQ(consumed, 0u);
+  char in[300];
+  ASSERT_EQ(::recv(c.server.get(), in, sizeof(in), 0), static_cast<ssize_t>(sizeof(in)));
+  ASSERT_TRUE(TcpReadProgress(c.server.get(), &consumed, &unread));
+  EXPECT_EQ(unread, 700);
+  EXPECT_EQ(consumed, 300u);
 }
 
 }  // namespace
