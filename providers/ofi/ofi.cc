@@ -629,7 +629,7 @@ class OfiCq final : public CompletionQueue {
       : fabric_(fabric), timer_(std::move(timer)),
         min_poll_ns_(sockets ? std::min(kMinBackstopNs, backstop_ns) : kMinPollNs),
         max_poll_ns_(sockets ? backstop_ns : kMaxPollNs), poll_ns_(min_poll_ns_),
-        selective_(sockets), linger_timer_(std::move(linger_timer)), epoll_(std::move(epoll)) {}
+        on_sockets_(sockets), linger_timer_(std::move(linger_timer)), epoll_(std::move(epoll)) {}
   ~OfiCq() override = default;
 
   int wait_fd() const override { return epoll_.get(); }
@@ -727,10 +727,10 @@ class OfiCq final : public CompletionQueue {
   // (both under the domain lock).
   uint64_t posts_ = 0;
   uint64_t progressed_posts_ = 0;
-  // cq_wait=sockets with many endpoints: the endpoints whose sockets had an
-  // edge, collected by every poll (domain lock), and when all were last
-  // read regardless.
-  const bool selective_;
+  const bool on_sockets_;  // cq_wait=sockets
+  // cq_wait=sockets: the endpoints whose sockets had an edge, collected
+  // right before a poll's reads (domain lock); with many endpoints, and
+  // when all were last read regardless (OfiCq::Progress).
   ReadyOwners hot_;
   std::atomic<int64_t> last_full_ns_{0};
   Fd linger_timer_;
@@ -2133,7 +2133,7 @@ size_t OfiCq::Progress() {
     // cq_wait=sockets: its MSG endpoints are all checked anyway, and the
     // poll below collects the edges (with the domain lock, right before
     // the reads they call for).
-    if (!all && !selective_) ready_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
+    if (!all && !on_sockets_) ready_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
   }
   // cq_wait=sockets with many endpoints: an fi CQ read costs libfabric tcp
   // a poll(2) of that endpoint's sockets, so a poll that read every
@@ -2143,7 +2143,7 @@ size_t OfiCq::Progress() {
   // had an edge; only they, those with posts or work left, and every
   // endpoint every kLivenessIntervalNs (a backstop), are read.
   bool full = true;
-  if (selective_) {
+  if (on_sockets_) {
     const int64_t last = last_full_ns_.load(std::memory_order_relaxed);
     full = now - last > kLivenessIntervalNs;
     if (full) last_full_ns_.store(now, std::memory_order_relaxed);
@@ -2162,8 +2162,8 @@ size_t OfiCq::Progress() {
     // cq_wait=sockets: the edges are consumed here, and always followed by
     // the reads (all endpoints', or those with an edge); on a liveness
     // check at least, so that they do not pile up for a sleeper's poll(2).
-    const bool selective = selective_ && endpoints_.size() >= kSelectiveMin;
-    if (selective_ && (selective || check)) hot_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
+    const bool selective = on_sockets_ && endpoints_.size() >= kSelectiveMin;
+    if (on_sockets_ && (selective || check)) hot_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
     for (OfiEndpoint* ep : endpoints_) {
       if (selective && !full && !ep->MayHaveWorkLocked(hot_)) continue;
       control_.clear();
@@ -2211,13 +2211,9 @@ bool OfiCq::ArmProvider() {
     // posted since (PostedLocked).
     DomLock lock(&fabric_->dom_mu());
     if (posts_ != progressed_posts_) return false;
-    if (fabric_->wait_sockets()) {
-      for (OfiEndpoint* ep : endpoints_) {
-        if (ep->MayNeedReadBeforeSleepLocked()) return false;
-      }
-    }
+    const bool sockets = fabric_->wait_sockets();
     for (OfiEndpoint* ep : endpoints_) {
-      if (ep->HasInjectedLocked()) return false;
+      if (ep->HasInjectedLocked() || (sockets && ep->MayNeedReadBeforeSleepLocked())) return false;
     }
   }
   // RDM without a CQ wait object (shm, cq_wait=none) has nothing for
