@@ -727,6 +727,12 @@ class OfiCq final : public CompletionQueue {
   // (both under the domain lock).
   uint64_t posts_ = 0;
   uint64_t progressed_posts_ = 0;
+  // How many fds the wait set holds at most (ReadyOwners::Collect's room):
+  // per endpoint three (RDM: its liveness fd and its fi CQ's; MSG: its
+  // event queue's and its fi CQ's or its two sockets), then the wake fd,
+  // the poll timer and the linger timer. Under mu_ or the domain lock.
+  size_t WatchedBoundLocked() const { return 3 * endpoints_.size() + 3; }
+
   const bool on_sockets_;  // cq_wait=sockets
   // cq_wait=sockets: the endpoints whose sockets had an edge, collected
   // right before a poll's reads (domain lock); with many endpoints, and
@@ -2119,21 +2125,15 @@ size_t OfiCq::Progress() {
     last_liveness_ns_.store(now, std::memory_order_relaxed);
     check = true;
   }
-  // Which endpoints' fds are readable, before their fi CQs are read: a
-  // socket's edge (cq_wait=sockets) that Collect consumes is then for
-  // something the reads below see, and one arriving after it stays queued
-  // for a sleeper's poll(2).
+  // Which endpoints' liveness fds are readable (CheckPeer below). Not with
+  // cq_wait=sockets: its MSG endpoints are all checked anyway, and the
+  // poll below collects the sockets' edges (with the domain lock, right
+  // before the reads they call for).
   bool all = false;
   if (check) {
     MutexLock list_lock(&mu_);
     all = check_all_.exchange(false, std::memory_order_relaxed);
-    // Per endpoint at most three fds (RDM: its liveness fd and its fi
-    // CQ's; MSG: its event queue's and its fi CQ's or its two sockets);
-    // then the wake fd, the poll timer and the linger timer. Not with
-    // cq_wait=sockets: its MSG endpoints are all checked anyway, and the
-    // poll below collects the edges (with the domain lock, right before
-    // the reads they call for).
-    if (!all && !on_sockets_) ready_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
+    if (!all && !on_sockets_) ready_.Collect(epoll_.get(), WatchedBoundLocked());
   }
   // cq_wait=sockets with many endpoints: an fi CQ read costs libfabric tcp
   // a poll(2) of that endpoint's sockets, so a poll that read every
@@ -2163,7 +2163,7 @@ size_t OfiCq::Progress() {
     // the reads (all endpoints', or those with an edge); on a liveness
     // check at least, so that they do not pile up for a sleeper's poll(2).
     const bool selective = on_sockets_ && endpoints_.size() >= kSelectiveMin;
-    if (on_sockets_ && (selective || check)) hot_.Collect(epoll_.get(), 3 * endpoints_.size() + 3);
+    if (on_sockets_ && (selective || check)) hot_.Collect(epoll_.get(), WatchedBoundLocked());
     for (OfiEndpoint* ep : endpoints_) {
       if (selective && !full && !ep->MayHaveWorkLocked(hot_)) continue;
       control_.clear();
