@@ -56,6 +56,9 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
       {"az_fault_limit", ConfigType::kInt, "5000",
        "AZ-SDP: faults per second on one connection above which it falls back "
        "to zcopy (see its statistics)", {}, 1, 100000000},
+      {"autocork", ConfigType::kBool, "on",
+       "SDP: while the peer has not acknowledged our last small message, small "
+       "sends wait and coalesce into one message (as Linux's tcp_autocorking)"},
       {"zcopy_threshold", ConfigType::kSize, "128K",
        "SDP: smallest send (and receive buffer) that goes zero-copy in zcopy mode", {}, 1024,
        int64_t{1} << 30},

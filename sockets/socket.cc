@@ -237,6 +237,7 @@ sdp::ConnectionOptions Socket::OptionsLocked() const {
   if (linger_.l_onoff) o.linger = absl::Seconds(linger_.l_linger);
   if (mode_ >= 0) o.mode = static_cast<sdp::Mode>(mode_);
   if (zcopy_threshold_ >= 0) o.zcopy_threshold = static_cast<size_t>(zcopy_threshold_);
+  if (autocork_ >= 0) o.autocork = autocork_ != 0;
   return o;
 }
 
@@ -741,7 +742,8 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
   } else if (level == IPPROTO_TCP) {
     if (name == TCP_NODELAY) {
       if (auto s = need(sizeof(int)); !s.ok()) return s;
-      // SDP never delays a send (it only coalesces while credits are out).
+      // SDP has no Nagle delay; autocork (ZSOCK_SO_AUTOCORK) is separate,
+      // as Linux's tcp_autocorking is from TCP_NODELAY.
       nodelay_ = as_int() != 0;
       return absl::OkStatus();
     }
@@ -760,6 +762,12 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
       if (v < 0) return Err(EINVAL, "ZSOCK_SO_ZCOPY_THRESHOLD must be >= 0");
       zcopy_threshold_ = v;
       if (c) return c->SetZcopyThreshold(static_cast<size_t>(v));
+      return absl::OkStatus();
+    }
+    if (name == kSoAutocork) {
+      if (v != 0 && v != 1) return Err(EINVAL, "ZSOCK_SO_AUTOCORK: 0 (off) or 1 (on)");
+      autocork_ = v;
+      if (c) c->SetAutocork(v != 0);
       return absl::OkStatus();
     }
   }
@@ -830,6 +838,10 @@ absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len)
     }
     if (name == kSoZcopyThreshold) {
       v = static_cast<int>(conn_ ? conn_->options().zcopy_threshold : opts.zcopy_threshold);
+      return put(&v, sizeof(v));
+    }
+    if (name == kSoAutocork) {
+      v = (conn_ ? conn_->options().autocork : opts.autocork) ? 1 : 0;
       return put(&v, sizeof(v));
     }
   }

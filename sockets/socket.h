@@ -45,6 +45,7 @@ namespace zsock {
 inline constexpr int kSolZsock = 0x7a73;   // "zs"
 inline constexpr int kSoMode = 1;          // int: 0 bcopy, 1 zcopy
 inline constexpr int kSoZcopyThreshold = 2;  // int: bytes
+inline constexpr int kSoAutocork = 3;        // int: 0 off, 1 on
 
 // The engine every socket of this process uses (created on first use).
 absl::StatusOr<sdp::Engine*> SocketEngine();
@@ -148,6 +149,7 @@ class Socket : public std::enable_shared_from_this<Socket> {
   timeval sndtimeo_ ABSL_GUARDED_BY(mu_) = {0, 0};
   int mode_ ABSL_GUARDED_BY(mu_) = -1;  // -1: configured
   int zcopy_threshold_ ABSL_GUARDED_BY(mu_) = -1;
+  int autocork_ ABSL_GUARDED_BY(mu_) = -1;  // -1: configured
   bool shut_rd_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_wr_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -26,6 +26,8 @@ extern "C" {
 #define SOL_ZSOCK 0x7a73
 #define ZSOCK_SO_MODE 1            /* int: 0 = bcopy, 1 = zcopy, 2 = azcopy (AZ-SDP) */
 #define ZSOCK_SO_ZCOPY_THRESHOLD 2 /* int: bytes at and above which zcopy is used */
+#define ZSOCK_SO_AUTOCORK 3        /* int: 1 = coalesce small sends while the peer owes an
+                                      acknowledgement (default: config key autocork), 0 = off */
 
 int zs_socket(int domain, int type, int protocol);
 int zs_bind(int fd, const struct sockaddr* addr, socklen_t len);

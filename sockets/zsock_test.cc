@@ -324,6 +324,19 @@ TEST_P(Sockets, CallSemantics) {
         CHECK_C(self.sin_family == AF_INET);
         int v = 1, err = -1;
         CHECK_C(zs_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof(v)) == 0);
+        // Autocork: on by default (configuration key autocork), 0 or 1.
+        int ac = -1;
+        len = sizeof(ac);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_AUTOCORK, &ac, &len) == 0 && ac == 1);
+        v = 2;
+        CHECK_C(zs_setsockopt(fd, SOL_ZSOCK, ZSOCK_SO_AUTOCORK, &v, sizeof(v)) == -1 &&
+                errno == EINVAL);
+        v = 0;
+        CHECK_C(zs_setsockopt(fd, SOL_ZSOCK, ZSOCK_SO_AUTOCORK, &v, sizeof(v)) == 0);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_AUTOCORK, &ac, &len) == 0 && ac == 0);
+        v = 1;
+        CHECK_C(zs_setsockopt(fd, SOL_ZSOCK, ZSOCK_SO_AUTOCORK, &v, sizeof(v)) == 0);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_AUTOCORK, &ac, &len) == 0 && ac == 1);
         len = sizeof(err);
         CHECK_C(zs_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0);
         CHECK_C(zs_setsockopt(fd, SOL_SOCKET, 12345, &v, sizeof(v)) == -1 && errno == ENOPROTOOPT);

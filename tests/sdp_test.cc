@@ -354,6 +354,122 @@ TEST_P(SdpTest, SmallWritesCoalesceWhileCreditsAreOut) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// Autocork (docs/protocol.md): a burst of small writes leaves as few
+// messages, and a tail held back when the burst ends reaches the peer with
+// no further call by the sender (the peer's acknowledgement wakes the
+// sender's progress thread, which sends it).
+TEST_P(SdpTest, AutocorkTailLeavesWhileTheSenderMakesNoCalls) {
+  constexpr int kBurst = 64, kSize = 8, kMaxBursts = 200;
+  // The parent's "got the burst" goes through a pipe: a receive on the
+  // connection would itself send a held tail (FlushTail).
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    std::vector<uint8_t> buf(kSize);
+    uint64_t off = 0;
+    int held_at_end = 0;
+    for (int b = 0; b < kMaxBursts && held_at_end < 3; ++b) {
+      for (int i = 0; i < kBurst; ++i) {
+        FillStream(buf.data(), off, kSize, 41);
+        auto r = s.conn->Send(buf.data(), kSize, 0, Deadline());
+        CHILD_OK(r.status());
+        CHILD_CHECK(*r == static_cast<size_t>(kSize));
+        off += kSize;
+      }
+      if (s.conn->stats().held_bytes > 0) held_at_end++;
+      // Now no call until the parent has every byte of the burst.
+      uint8_t more = 0;
+      CHILD_CHECK(read(go[0], &more, 1) == 1);
+      if (more == 0) break;
+    }
+    ConnectionStats st = s.conn->stats();
+    std::fprintf(stderr, "child: %llu bytes in %llu messages; tails held at a burst's end %d, "
+                 "holds %llu, requests %llu\n",
+                 (unsigned long long)off, (unsigned long long)st.messages_sent, held_at_end,
+                 (unsigned long long)st.autocork_holds, (unsigned long long)st.ack_requests);
+    CHILD_CHECK(held_at_end > 0);
+    CHILD_CHECK(st.ack_requests > 0 && st.autocork_holds > 0);
+    CHILD_CHECK(st.messages_sent < off / kSize);
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  std::vector<uint8_t> buf(kBurst * kSize), scratch;
+  uint64_t off = 0;
+  for (int b = 0; b < kMaxBursts; ++b) {
+    // Bounded: a tail nobody sends fails here instead of hanging.
+    auto r = c->Recv(buf.data(), buf.size(), MSG_WAITALL, Deadline::After(absl::Seconds(20)));
+    if (r.ok() && *r == 0) break;  // the child saw enough held tails and closed
+    ASSERT_TRUE(r.ok()) << "burst " << b << ": " << r.status();
+    ASSERT_EQ(*r, buf.size()) << "burst " << b;
+    ASSERT_EQ(CheckStream(buf.data(), off, buf.size(), 41, &scratch), -1) << "burst " << b;
+    off += buf.size();
+    uint8_t more = b + 1 < kMaxBursts ? 1 : 0;
+    ASSERT_EQ(write(go[1], &more, 1), 1);
+  }
+  EXPECT_EQ(Reap(child), 0);
+  close(go[0]);
+  close(go[1]);
+}
+
+// Turning autocork off sends a held tail at once, and then every small send
+// goes as its own message (credits permitting) with no acknowledgement
+// requests.
+TEST_P(SdpTest, AutocorkOffSendsTheHeldTailAndRequestsNothing) {
+  constexpr int kSize = 8;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    std::vector<uint8_t> buf(kSize);
+    uint64_t off = 0;
+    auto send = [&] {
+      FillStream(buf.data(), off, kSize, 43);
+      auto r = s.conn->Send(buf.data(), kSize, 0, Deadline());
+      CHILD_OK(r.status());
+      off += kSize;
+    };
+    bool held = false;
+    for (int i = 0; i < 100000 && !held; ++i) {
+      send();
+      held = s.conn->stats().held_bytes > 0;
+    }
+    CHILD_CHECK(held);
+    // Held with credits to spare: turning autocork off posts it at once.
+    s.conn->SetAutocork(false);
+    CHILD_CHECK(s.conn->stats().queued_bytes == 0);
+    CHILD_CHECK(!s.conn->options().autocork);
+    ConnectionStats before = s.conn->stats();
+    for (int i = 0; i < 200; ++i) send();
+    ConnectionStats after = s.conn->stats();
+    CHILD_CHECK(after.ack_requests == before.ack_requests);
+    CHILD_CHECK(after.autocork_holds == before.autocork_holds);
+    uint64_t total = off;
+    CHILD_OK(s.conn->Send(&total, sizeof total, 0, Deadline()).status());
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  // Read everything up to the end of stream; the last 8 bytes are the
+  // count of the stream bytes before them.
+  std::string got;
+  std::vector<uint8_t> buf(1 << 16);
+  for (;;) {
+    auto r = c->Recv(buf.data(), buf.size(), 0, Deadline::After(absl::Seconds(20)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (*r == 0) break;
+    got.append(reinterpret_cast<char*>(buf.data()), *r);
+  }
+  ASSERT_GE(got.size(), 8u);
+  uint64_t total;
+  std::memcpy(&total, got.data() + got.size() - 8, 8);
+  ASSERT_EQ(total, got.size() - 8);
+  std::vector<uint8_t> scratch;
+  EXPECT_EQ(CheckStream(reinterpret_cast<const uint8_t*>(got.data()), 0, total, 43, &scratch), -1);
+  EXPECT_EQ(Reap(child), 0);
+}
+
 TEST_P(SdpTest, HalfCloseDeliversEverythingThenZero) {
   pid_t child = Spawn([&] {
     ChildSide s = ChildConnect();

@@ -1,4 +1,4 @@
-// The SDP configuration keys: mode and zcopy_threshold (docs/configuration.md).
+// The SDP configuration keys: mode, zcopy_threshold and autocork (docs/configuration.md).
 #include <map>
 #include <string>
 
@@ -14,9 +14,12 @@ TEST(SdpConfig, DefaultsAndEnvironment) {
   ASSERT_TRUE(def.ok()) << def.status();
   EXPECT_EQ(def->GetString("mode"), "bcopy");
   EXPECT_EQ(def->GetInt("zcopy_threshold"), 128 << 10);
+  EXPECT_TRUE(def->GetBool("autocork"));
   std::string none;
-  auto env = Config::Load({{"ZSOCK_MODE", "zcopy"}, {"ZSOCK_ZCOPY_THRESHOLD", "256K"}}, &none);
+  auto env = Config::Load({{"ZSOCK_MODE", "zcopy"}, {"ZSOCK_ZCOPY_THRESHOLD", "256K"},
+                           {"ZSOCK_AUTOCORK", "off"}}, &none);
   ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_FALSE(env->GetBool("autocork"));
   EXPECT_EQ(env->GetString("mode"), "zcopy");
   EXPECT_EQ(env->GetInt("zcopy_threshold"), 256 << 10);
   EXPECT_EQ(env->Get("mode").source, "env ZSOCK_MODE");

@@ -21,6 +21,14 @@ namespace zsock::sdp {
 
 // Credits Data may not use: kept for control messages (docs/protocol.md).
 inline constexpr int kCreditReserve = 2;
+// Autocork: most flaggable Data sent unflagged after useless requests.
+inline constexpr uint32_t kCorkMaxSkip = 1024;
+// Autocork: a Send appending to a held tail polls the CQ (for the peer's
+// acknowledgement) once per this many calls. Polling on every call found
+// the acknowledgement after 3-4 sends, and the message plus answer per 3-4
+// sends cost as much as it saved (unet msgrate unchanged); every 8th gives
+// batches of about 8 and the 1.3x of docs/performance.md.
+inline constexpr uint32_t kCorkPollEvery = 8;
 // Send slots kept free for control messages.
 inline constexpr size_t kCtlSlots = 8;
 // Largest single SrcAvail/SinkAvail (the wire length field is 32 bits).
@@ -82,6 +90,8 @@ struct TxItem {
   size_t payload = 0;      // Data payload bytes
   std::string encoded;     // other messages: the whole encoded message
   uint32_t az_serial = 0;  // an asynchronous SrcAvail (not its update)
+  bool held = false;       // Data: autocork held it back at least once
+  uint32_t appends = 0;    // Sends that found it held (kCorkPollEvery)
 };
 
 // A private copy of data moved out of a protected user buffer.
@@ -90,6 +100,9 @@ struct AzCopyBuf {
   std::unique_ptr<MemoryRegion> mr;
   ~AzCopyBuf();
 };
+
+// Bytes in `iov`.
+size_t IovBytes(std::span<const iovec> iov);
 
 // A protocol violation by the peer, naming the message (connection.cc).
 absl::Status Violation(const wire::Header& h, absl::string_view why);
@@ -134,6 +147,19 @@ struct ConnState {
   uint32_t recv_since_report = 0;
   bool credit_update_pending = false;
   bool stalled = false;
+
+  // Autocork (docs/protocol.md): a small Data tail waits, taking appends,
+  // while the peer has not acknowledged our last AckReq-flagged Data.
+  bool cork = false;              // negotiated: option, peer's kCapAckReq, progress thread
+  bool payload_posted = false;    // a Data with payload was ever posted
+  uint32_t last_payload_mseq = 0; // mseq of the last one
+  bool ackreq_out = false;        // a flagged Data awaits the peer's acknowledgement
+  uint32_t ackreq_mseq = 0;       // its mseq
+  bool answer_due = false;        // the peer flagged a Data we processed: post something
+  bool flush_tail = false;        // the held tail goes without waiting (FlushTail)
+  bool ackreq_useful = false;     // a send was held while the request was out
+  uint32_t cork_backoff = 0;      // flaggable messages to skip after a useless request
+  uint32_t cork_skip = 0;         // left to skip
 
   // Peer parameters (from Hello/HelloAck).
   wire::Hello peer;
@@ -257,6 +283,20 @@ struct ConnState {
   // A send of `iov` goes out by bcopy at once as one Data message.
   bool CanPostSmall(std::span<const iovec> iov) const;
   bool CanAppend() const;
+  // Autocork: `item` (the head of dataq) stays queued for now.
+  bool HoldTail(const TxItem& item) const;
+  // Unacknowledged Data with payload is on its way.
+  bool PayloadInFlight() const;
+  // Largest payload that asks for an acknowledgement: half a slot (larger
+  // messages gain little from coalescing).
+  size_t CorkFlagMax() const { return (tx_size - wire::kHeaderSize) / 2; }
+  void UpdateCork();
+  void SetAutocork(bool on);
+  // Payload of the tail autocork holds now (0 if none, or if it also waits
+  // for credits).
+  size_t HeldBytes() const;
+  // The application is about to wait on this connection: send a held tail.
+  void FlushTail();
   size_t AppendData(const uint8_t* p, size_t n);
   void QueueCtl(const wire::Message& m);
   void QueueData(const wire::Message& m);

@@ -37,6 +37,7 @@ ConnectionOptions ConnectionOptions::FromConfig() {
     o.az_adverts = static_cast<uint32_t>(config->GetInt("az_adverts"));
     o.az_fault_limit = static_cast<uint32_t>(config->GetInt("az_fault_limit"));
     o.az_early_recv = config->GetBool("az_early_recv");
+    o.autocork = config->GetBool("autocork");
   }
   return o;
 }
@@ -112,6 +113,7 @@ absl::Status ConnState::Init() {
   peer_address = info.peer_address;
   if (info.rdma_read != Support::kNone) my_caps |= wire::kCapRdmaRead;
   if (info.rdma_write != Support::kNone) my_caps |= wire::kCapRdmaWrite;
+  my_caps |= wire::kCapAckReq;  // every 1.1 engine answers AckReq
   if (auto st = SetUpAz(); !st.ok()) return st;
   for (int i = 0; i < rx_count; ++i) {
     PostRx(i);
@@ -373,6 +375,7 @@ void ConnState::Process(int buf, size_t len) {
     ZS_LOG(kTrace, "sdp conn %d rx Data mseq %u flags 0x%x len %u payload %u",
            static_cast<int>(id), h.mseq, h.flags, h.len, h.len - wire::kHeaderSize);
     if (!AcceptHeader(h, nullptr)) return;
+    if (h.flags & wire::kFlagAckReq) answer_due = true;
     const DataOutcome out = OnData(h, buf, bytes.subspan(wire::kHeaderSize));
     if (out == DataOutcome::kFailed) return;
     if (out == DataOutcome::kRepost) Repost(buf);
@@ -705,6 +708,19 @@ bool ConnState::AcceptHeader(const wire::Header& h, const wire::Message* hello) 
   }
   peer_ack = h.mseq_ack;
   peer_bufs = h.bufs;
+  if (ackreq_out && static_cast<int32_t>(peer_ack - ackreq_mseq) >= 0) {
+    ackreq_out = false;
+    // No send waited for this acknowledgement: the application is not
+    // sending in bursts, and asking costs both sides a message (and the
+    // peer's progress thread a wake-up) for nothing. Ask less often, up to
+    // once per kCorkMaxSkip flaggable messages; a useful one resets it.
+    if (ackreq_useful) {
+      cork_backoff = 0;
+    } else {
+      cork_backoff = std::min(std::max(2 * cork_backoff, 4u), kCorkMaxSkip);
+      cork_skip = cork_backoff;
+    }
+  }
   if (Credits() > kCreditReserve) stalled = false;
   return true;
 }
@@ -748,6 +764,7 @@ void ConnState::HandleHello(const wire::Message& m) {
   }
   AcceptPeerAz();
   if (!error.ok()) return;
+  UpdateCork();
   if (auto st = SetUpTx(); !st.ok()) {
     Fail(st);
     return;
@@ -801,6 +818,17 @@ bool ConnState::PostItem(TxItem& item) {
     len = item.encoded.size();
     flags = p[1];
   }
+  const bool payload = item.mid == MessageId::kData && item.payload > 0;
+  // Autocork: a small Data sent while earlier data is unacknowledged, or
+  // one that was held, asks for an acknowledgement; until it comes, the
+  // next small tail waits (HoldTail).
+  bool ackreq = payload && cork && item.payload <= CorkFlagMax() &&
+                (item.held || PayloadInFlight());
+  if (ackreq && cork_skip > 0) {
+    cork_skip--;
+    ackreq = false;
+  }
+  if (ackreq) flags |= wire::kFlagAckReq;
   wire::Header h;
   h.mid = item.mid;
   h.flags = flags;
@@ -846,6 +874,18 @@ bool ConnState::PostItem(TxItem& item) {
   last_reported = Reportable();
   recv_since_report = 0;
   credit_update_pending = false;
+  answer_due = false;  // mseq_ack = rx_mseq covers every message processed
+  if (payload) {
+    payload_posted = true;
+    last_payload_mseq = h.mseq;
+    flush_tail = false;
+  }
+  if (ackreq) {
+    ackreq_out = true;
+    ackreq_mseq = h.mseq;
+    ackreq_useful = false;
+    stats.ack_requests++;
+  }
   stats.messages_sent++;
   if (item.mid == MessageId::kData) {
     queued_data_bytes -= item.payload;
@@ -866,6 +906,12 @@ void ConnState::TryTransmit() {
       int need = data ? kCreditReserve + 1 : 1;
       bool can = credits >= need && !(credits == 1 && owed <= 0) &&
                  (item.slot >= 0 || !tx_free.empty());
+      if (can && data && !from_ctl && HoldTail(item)) {
+        if (!item.held) stats.autocork_holds++;
+        item.held = true;
+        ackreq_useful = true;  // a send came while the request was out
+        can = false;
+      }
       if (can) {
         if (opt.test_hold && !opt.test_hold(item.mid)) {
           held = true;
@@ -894,8 +940,24 @@ void ConnState::TryTransmit() {
       engine->NotifyLocked();
       continue;
     }
+    // The peer asked for an acknowledgement and nothing else carried one:
+    // an empty Data (which also reports our buffers).
+    if (answer_due && credits >= 1 && !(credits == 1 && owed <= 0) && !tx_free.empty()) {
+      TxItem ack;
+      ack.mid = MessageId::kData;
+      if (!PostItem(ack)) return;
+      stats.ack_answers++;
+      engine->NotifyLocked();
+      continue;
+    }
     return;
   }
+}
+
+size_t IovBytes(std::span<const iovec> iov) {
+  size_t n = 0;
+  for (const iovec& v : iov) n += v.iov_len;
+  return n;
 }
 
 bool ConnState::CanPostSmall(std::span<const iovec> iov) const {
@@ -903,9 +965,52 @@ bool ConnState::CanPostSmall(std::span<const iovec> iov) const {
       Credits() < kCreditReserve + 1 || tx_free.size() <= kCtlSlots) {
     return false;
   }
-  size_t len = 0;
-  for (const iovec& v : iov) len += v.iov_len;
-  return len < std::min(tx_size - wire::kHeaderSize, std::max<size_t>(opt.zcopy_threshold, 1));
+  return IovBytes(iov) <
+         std::min(tx_size - wire::kHeaderSize, std::max<size_t>(opt.zcopy_threshold, 1));
+}
+
+void ConnState::SetAutocork(bool on) {
+  opt.autocork = on;
+  UpdateCork();
+  if (!cork) FlushTail();
+}
+
+bool ConnState::PayloadInFlight() const {
+  return payload_posted && static_cast<int32_t>(peer_ack - last_payload_mseq) < 0;
+}
+
+bool ConnState::HoldTail(const TxItem& item) const {
+  if (!cork || !ackreq_out || static_cast<int32_t>(peer_ack - ackreq_mseq) >= 0) return false;
+  // Only a lone, not yet full Data tail waits: anything queued behind it
+  // (a full slot's successor, a SrcAvail, the DisconnReq) sends it.
+  if (dataq.size() != 1 || &item != &dataq.front() || item.slot < 0 ||
+      item.payload >= tx_size - wire::kHeaderSize) {
+    return false;
+  }
+  // A message is going to the peer anyway (credits or an answer it asked
+  // for): the data goes as that message.
+  if (credit_update_pending || answer_due || flush_tail) return false;
+  // The peer must be able to answer: by our count it still holds credits
+  // for a message to us (else it may be blocked until our application
+  // reads, and the tail would wait for that).
+  return last_reported - static_cast<int>(recv_since_report) > kCreditReserve;
+}
+
+size_t ConnState::HeldBytes() const {
+  if (dataq.empty() || phase != Phase::kOpen || !error.ok()) return 0;
+  const TxItem& t = dataq.front();
+  if (t.mid != MessageId::kData || t.payload == 0 || Credits() < kCreditReserve + 1) return 0;
+  return HoldTail(t) ? t.payload : 0;
+}
+
+void ConnState::FlushTail() {
+  if (dataq.empty() || !dataq.front().held) return;
+  flush_tail = true;
+  TryTransmit();
+}
+
+void ConnState::UpdateCork() {
+  cork = opt.autocork && (peer.caps & wire::kCapAckReq) && engine->has_progress_thread();
 }
 
 bool ConnState::CanAppend() const {
@@ -1059,7 +1164,19 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     // SinkAvail, AZ-SDP completions. Not needed by a small send that can
     // be posted at once (nothing queued ahead, credits and a slot free):
     // the poll would cost it as much as the send itself.
-    if (!c->CanPostSmall(iov)) e->ProgressLocked();
+    // Autocork: while a tail is held, a burst of small sends fills it and
+    // polls only every kCorkPollEvery sends; while an acknowledgement
+    // request is out and nothing is held, poll first: an answer already
+    // here lets this send go at once (and the request counts as one no
+    // send waited for).
+    bool poll;
+    if (c->dataq.size() == 1 && c->dataq.front().held && c->ctlq.empty() &&
+        IovBytes(iov) <= c->CorkFlagMax()) {
+      poll = ++c->dataq.front().appends % kCorkPollEvery == 0;
+    } else {
+      poll = c->ackreq_out || !c->CanPostSmall(iov);
+    }
+    if (poll) e->ProgressLocked();
     bool dontwait = flags & MSG_DONTWAIT;
     if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? kNoWait : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
@@ -1574,6 +1691,10 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
       if (c->peer_shut_wr && c->rxq.empty() && !c->peer_aborted) break;
       if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
       if (peek && copied > 0) break;
+      // This thread is about to wait for the peer (or to tell an event loop
+      // to): it sends nothing more meanwhile, so a tail autocork holds goes
+      // now instead of after the peer's acknowledgement.
+      c->FlushTail();
       if (dontwait) {
         if (copied > 0) break;
         return WouldBlock();
@@ -1765,7 +1886,10 @@ std::shared_ptr<std::atomic<uint32_t>> Connection::readiness_watch() const {
 ConnectionStats Connection::stats() const {
   if (state_ == nullptr) return {};
   MutexLock lock(&engine_->mu_);
-  return state_->stats;
+  ConnectionStats s = state_->stats;
+  s.queued_bytes = state_->queued_data_bytes;
+  s.held_bytes = state_->HeldBytes();
+  return s;
 }
 
 bool Connection::az_negotiated() const {
@@ -1791,6 +1915,12 @@ absl::Status Connection::SetMode(Mode mode) {
     }
   }
   return absl::OkStatus();
+}
+
+void Connection::SetAutocork(bool on) {
+  if (state_ == nullptr) return;
+  MutexLock lock(&engine_->mu_);
+  state_->SetAutocork(on);
 }
 
 absl::Status Connection::SetZcopyThreshold(size_t bytes) {

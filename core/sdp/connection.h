@@ -71,6 +71,10 @@ struct ConnectionOptions {
   // data lands, the pages inaccessible until then (docs/azsdp.md: kernel
   // reads of them, e.g. write(2) of the buffer, fail with EFAULT meanwhile).
   bool az_early_recv = false;
+  // Autocork (docs/protocol.md): while the peer has not acknowledged our
+  // last small Data, the next small send waits in its slot and later sends
+  // append to it. Effective with an engine progress thread and a 1.1 peer.
+  bool autocork = true;
   // This side's socket address, sent in the Hello / HelloAck (the peer's
   // peer_socket_address()); "" sends none.
   std::string local_sockaddr;
@@ -102,7 +106,14 @@ struct ConnectionStats {
   uint64_t messages_received = 0;
   uint64_t coalesced_sends = 0;        // Sends appended to a queued message
   uint64_t credit_stalls = 0;          // times Data waited for credits
-  uint64_t credit_updates_sent = 0;    // Data messages with no payload
+  uint64_t credit_updates_sent = 0;    // Data messages with no payload (ack answers too)
+  uint64_t autocork_holds = 0;         // small Data tails held back (autocork)
+  uint64_t ack_requests = 0;           // Data sent flagged AckReq
+  uint64_t ack_answers = 0;            // empty Data sent only to answer an AckReq
+  uint64_t queued_bytes = 0;           // now: bcopy bytes accepted by Send, not yet posted
+                                       // (waiting for credits or held by autocork)
+  uint64_t held_bytes = 0;             // now: of those, the tail autocork holds (credits
+                                       // would let it go)
   uint64_t srcavail_sent = 0;
   uint64_t srcavail_cancels = 0;       // SrcAvailCancel sent
   uint64_t sendsmall = 0;              // SrcAvails finished by BCopy
@@ -172,6 +183,9 @@ class Connection {
   bool az_negotiated() const;
   absl::Status SetMode(Mode mode);
   absl::Status SetZcopyThreshold(size_t bytes);
+  // Turns autocork on or off (ConnectionOptions::autocork); off sends a
+  // held tail at once.
+  void SetAutocork(bool on);
   ConnectionOptions options() const;
   std::string peer_address() const;
   // The socket address the peer announced in its Hello ("" if none).

@@ -116,6 +116,7 @@ class Engine : private az::FaultClient {
   bool WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline, bool background = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLocked(Completion& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool has_progress_thread() const { return progress_thread_.joinable(); }
   // Wakes followers and the leader after a local state change.
   void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the threads waiting on cv_; none waiting (the usual case: one

@@ -16,7 +16,7 @@ constexpr size_t kAdvertRefSize = 4;
 constexpr size_t kModeChangeSize = 4;
 constexpr size_t kAbortSize = 4;
 
-constexpr uint8_t kKnownCaps = kCapRdmaRead | kCapRdmaWrite | kCapAz;
+constexpr uint8_t kKnownCaps = kCapRdmaRead | kCapRdmaWrite | kCapAz | kCapAckReq;
 
 template <typename T>
 T Load(const uint8_t* p) {
@@ -39,6 +39,7 @@ uint8_t AllowedFlags(MessageId mid) {
   switch (mid) {
     case MessageId::kRdmaRdCompl: return kFlagCancelReply | kFlagSendSmall;
     case MessageId::kSrcAvail: return kFlagAzUpdate | kFlagAzAsync;
+    case MessageId::kData: return kFlagAckReq;
     default: return 0;
   }
 }
@@ -92,7 +93,11 @@ absl::StatusOr<Hello> DecodeHello(MessageId mid, const uint8_t* p, size_t n) {
                absl::StrCat(static_cast<int>(h.major), ".", static_cast<int>(h.minor),
                             " is not supported (this side speaks ", kVersionMajor, ".x)"));
   }
-  if (h.caps & ~kKnownCaps) {
+  // A later minor version may announce capabilities this side does not
+  // know: they are kept (the message re-encodes as it came) and ignored,
+  // since either side uses a capability only if both announced it. From
+  // our own or an older minor version they are a violation.
+  if ((h.caps & ~kKnownCaps) && h.minor <= kVersionMinor) {
     return Bad(mid, "caps", absl::StrCat("has unknown bits 0x", absl::Hex(h.caps & ~kKnownCaps)));
   }
   if (h.max_adverts == 0) return Bad(mid, "max_adverts", "is 0 (at least 1)");

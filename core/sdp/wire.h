@@ -34,7 +34,7 @@
 namespace zsock::sdp::wire {
 
 inline constexpr uint8_t kVersionMajor = 1;
-inline constexpr uint8_t kVersionMinor = 0;
+inline constexpr uint8_t kVersionMinor = 1;
 inline constexpr size_t kHeaderSize = 16;
 
 // Private receive buffers: every message must fit in one.
@@ -79,6 +79,11 @@ enum Flag : uint8_t {
   // RdmaRdCompl: the sink will not read the rest of this SrcAvail; the source
   // sends the remaining bytes as Data (the advert is finished).
   kFlagSendSmall = 0x02,
+  // Data: acknowledge this message soon (autocork, docs/protocol.md): once
+  // it is processed, the receiver posts some message (an empty Data if it
+  // has nothing else to send), whose mseq_ack covers it. Only to a peer that
+  // announced kCapAckReq.
+  kFlagAckReq = 0x04,
   // Reserved for AZ-SDP (decoded, refused by a v1 engine): SrcAvail
   // "updated source avail" naming a copy-on-write buffer that replaces the
   // advert with the same az_slot.
@@ -102,6 +107,7 @@ enum Capability : uint8_t {
   kCapRdmaRead = 0x01,   // I can RDMA-read your SrcAvails (sink side)
   kCapRdmaWrite = 0x02,  // I can RDMA-write your SinkAvails (source side)
   kCapAz = 0x04,         // reserved: AZ-SDP (several adverts, lock words)
+  kCapAckReq = 0x08,     // I answer Data flagged kFlagAckReq (1.1)
 };
 
 // Data path modes (Hello.mode, ModeChange.mode).

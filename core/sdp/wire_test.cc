@@ -55,6 +55,33 @@ TEST(Wire, FieldsSurvive) {
   EXPECT_EQ(std::get<Completed>(rd->body).bytes, 100u);
 }
 
+// Autocork (1.1): Data may ask for an acknowledgement; Hello announces
+// that its sender answers.
+TEST(Wire, AckRequestOnDataAndItsCapability) {
+  auto samples = SampleMessages();
+  std::string data = samples[2];
+  data[1] = static_cast<char>(kFlagAckReq);
+  auto d = DecodeString(data);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->header.flags, kFlagAckReq);
+  EXPECT_EQ(EncodeToString(*d, d->payload), data);
+  std::string hello = samples[0];
+  hello[kHeaderSize + 2] = static_cast<char>(kCapRdmaRead | kCapAckReq);
+  auto h = DecodeString(hello);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(std::get<Hello>(h->body).caps, kCapRdmaRead | kCapAckReq);
+  EXPECT_EQ(Hello{}.minor, 1);
+  // A later minor version's unknown capabilities are kept (and ignored by
+  // the engine), not refused.
+  std::string later = samples[0];
+  later[kHeaderSize + 1] = 2;
+  later[kHeaderSize + 2] = static_cast<char>(0x80 | kCapRdmaRead);
+  auto l = DecodeString(later);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(std::get<Hello>(l->body).caps, 0x80 | kCapRdmaRead);
+  EXPECT_EQ(EncodeToString(*l, l->payload), later);
+}
+
 // One invalid variant per validation rule: (name, sample index, mutation,
 // field the error must name).
 struct Case {
@@ -82,6 +109,7 @@ TEST(Wire, EveryValidationErrorNamesItsField) {
       {"len above limit", 2, [](std::string&) {}, "len", 20},
       {"bad flags", 4, [](std::string& s) { s[1] = 0x01; }, "flags"},
       {"flags on Data", 2, [](std::string& s) { s[1] = kFlagCancelReply; }, "flags"},
+      {"AckReq off Data", 4, [](std::string& s) { s[1] = kFlagAckReq; }, "flags"},
       {"bufs too large", 4, [](std::string& s) { Put<uint16_t>(s, 2, 5000); }, "bufs"},
       {"mseq zero", 4, [](std::string& s) { Put<uint32_t>(s, 8, 0); }, "mseq"},
       {"hello short", 0, [&](std::string& s) { s.resize(B + 8); FixLen(s); }, "len"},
