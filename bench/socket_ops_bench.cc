@@ -10,9 +10,10 @@
 // BM_SendRecv: one send of `size` bytes, then one receive of them (MSG_WAITALL):
 //   every send posts its own SDP Data message.
 // BM_Burst: `n` sends of 8 bytes, then `n` receives of 8 bytes: what
-//   msgrate's two ends do per message, in one thread. Once the peer's
-//   credits are used, sends append to the queued message (reverse
-//   packetization, docs/protocol.md) and receives copy out of one buffer.
+//   msgrate's two ends do per message, in one thread. Once autocork holds
+//   a message (the peer's acknowledgement is processed only by the
+//   receives) or the peer's credits are used, sends append to the queued
+//   message (docs/protocol.md) and receives copy out of one buffer.
 //   The sends must fit the send buffer (sndbuf, 1 MiB): n * 8 bytes.
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -12,13 +12,19 @@
 //   --idle=N more connections from the client sit idle on the server's CQ
 //   (how a wake-up scales with the connections a CQ holds).
 // --level=sockets: the zs_* calls (SDP over --provider), then the same over
-//   kernel TCP sockets (TCP_NODELAY) with the same gaps.
+//   kernel TCP sockets (TCP_NODELAY) with the same gaps. --pieces=N writes
+//   each request as N sends (as a program writing a header and a body
+//   does); --wait=poll waits for the reply in poll(2) on the socket, as an
+//   event loop does, before reading it (--wait=recv: in the receive). A
+//   request in 3 or more pieces followed by poll is autocork's worst case
+//   (docs/protocol.md, "Autocork").
 // Processes are not pinned: a sleeping process wakes where the scheduler
 // puts it, as an unpinned service's would. Prints p50/p90/p99 round trip in
 // microseconds (64-byte messages).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +49,8 @@ ABSL_FLAG(std::string, provider, "unet", "fabric config string");
 ABSL_FLAG(int, gap_us, 1000, "idle time between round trips (both sides fall asleep)");
 ABSL_FLAG(int, rounds, 300, "round trips measured (one more warms up)");
 ABSL_FLAG(int, idle, 0, "provider level: idle connections on the server's CQ besides the measured one");
+ABSL_FLAG(int, pieces, 1, "sockets level: sends each 64-byte request is written in (1..64)");
+ABSL_FLAG(std::string, wait, "recv", "sockets level: the client waits for the reply in recv or poll");
 
 namespace zsock {
 namespace {
@@ -245,10 +253,20 @@ void SocketsLevel(bool zs) {
   }
   char b[kMsg] = {};
   std::vector<double> rtt;
+  const size_t pieces = static_cast<size_t>(absl::GetFlag(FLAGS_pieces));
+  const bool poll_first = absl::GetFlag(FLAGS_wait) == "poll";
   for (int i = 0; i <= rounds; ++i) {
     ::usleep(static_cast<useconds_t>(gap));
     const absl::Time t0 = absl::Now();
-    if (send_(s, b, sizeof(b)) != static_cast<ssize_t>(sizeof(b))) Die("send failed");
+    for (size_t p = 0, off = 0; p < pieces; ++p) {
+      const size_t n = p + 1 < pieces ? kMsg / pieces : kMsg - off;
+      if (send_(s, b + off, n) != static_cast<ssize_t>(n)) Die("send failed");
+      off += n;
+    }
+    if (poll_first) {
+      pollfd pf{s, POLLIN, 0};
+      if (::poll(&pf, 1, -1) != 1) Die(absl::StrCat("poll failed: ", std::strerror(errno)));
+    }
     recv_all(s, b, sizeof(b));
     if (i > 0) rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
@@ -256,7 +274,11 @@ void SocketsLevel(bool zs) {
   int status = 0;
   ::waitpid(child, &status, 0);
   if (zs) zs_close(s); else ::close(s);
-  Report(zs ? absl::StrCat(absl::GetFlag(FLAGS_provider), " sockets (SDP)") : "kernel TCP sockets", rtt);
+  const std::string how = absl::StrCat(", ", pieces, pieces == 1 ? " send" : " sends",
+                                       poll_first ? ", poll" : "");
+  Report(zs ? absl::StrCat(absl::GetFlag(FLAGS_provider), " sockets (SDP)", how)
+            : absl::StrCat("kernel TCP sockets", how),
+         rtt);
 }
 
 }  // namespace
@@ -267,6 +289,12 @@ int main(int argc, char** argv) {
   const std::string level = absl::GetFlag(FLAGS_level);
   if (absl::GetFlag(FLAGS_rounds) < 1) zsock::Die("--rounds must be at least 1");
   if (absl::GetFlag(FLAGS_gap_us) < 0) zsock::Die("--gap_us must not be negative");
+  if (absl::GetFlag(FLAGS_pieces) < 1 || absl::GetFlag(FLAGS_pieces) > 64) {
+    zsock::Die("--pieces must be 1..64");
+  }
+  if (absl::GetFlag(FLAGS_wait) != "recv" && absl::GetFlag(FLAGS_wait) != "poll") {
+    zsock::Die("--wait must be recv or poll");
+  }
   if (level == "provider") {
     zsock::ProviderLevel();
   } else if (level == "sockets") {
