@@ -414,6 +414,52 @@ TEST_P(SdpTest, AutocorkTailLeavesWhileTheSenderMakesNoCalls) {
   close(go[1]);
 }
 
+// A request written in three pieces, then a wait for the reply: the third
+// piece is held but leaves when the receive waits, and since no later send
+// joins it, the sender soon stops asking for acknowledgements (each costs
+// the peer a message) instead of asking for every request.
+TEST_P(SdpTest, AutocorkBacksOffForRequestsWrittenInPieces) {
+  constexpr int kRounds = 300;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    uint8_t req[24], rep[8];
+    uint64_t off = 0;
+    for (int i = 0; i < kRounds; ++i) {
+      FillStream(req, off, sizeof req, 47);
+      for (int p = 0; p < 3; ++p) CHILD_OK(s.conn->Send(req + 8 * p, 8, 0, Deadline()).status());
+      off += sizeof req;
+      auto r = s.conn->Recv(rep, sizeof rep, MSG_WAITALL, Deadline::After(absl::Seconds(20)));
+      CHILD_OK(r.status());
+      CHILD_CHECK(*r == sizeof rep);
+    }
+    ConnectionStats st = s.conn->stats();
+    std::fprintf(stderr, "child: %d requests in %llu messages; acknowledgement requests %llu, "
+                 "holds %llu\n", kRounds, (unsigned long long)st.messages_sent,
+                 (unsigned long long)st.ack_requests, (unsigned long long)st.autocork_holds);
+    CHILD_CHECK(st.ack_requests < 40);
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  uint8_t req[24], rep[8] = {};
+  std::vector<uint8_t> scratch;
+  uint64_t off = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    auto r = c->Recv(req, sizeof req, MSG_WAITALL, Deadline::After(absl::Seconds(20)));
+    ASSERT_TRUE(r.ok()) << "request " << i << ": " << r.status();
+    ASSERT_EQ(*r, sizeof req);
+    ASSERT_EQ(CheckStream(req, off, sizeof req, 47, &scratch), -1) << "request " << i;
+    off += sizeof req;
+    ASSERT_TRUE(c->Send(rep, sizeof rep, 0, Deadline()).ok());
+  }
+  EXPECT_LT(c->stats().ack_answers, 40u);
+  auto end = c->Recv(req, 1, 0, Deadline::After(absl::Seconds(20)));  // the child's close
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(*end, 0u);
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Turning autocork off sends a held tail at once, and then every small send
 // goes as its own message (credits permitting) with no acknowledgement
 // requests.

@@ -26,8 +26,9 @@ inline constexpr uint32_t kCorkMaxSkip = 1024;
 // Autocork: a Send appending to a held tail polls the CQ (for the peer's
 // acknowledgement) once per this many calls. Polling on every call found
 // the acknowledgement after 3-4 sends, and the message plus answer per 3-4
-// sends cost as much as it saved (unet msgrate unchanged); every 8th gives
-// batches of about 8 and the 1.3x of docs/performance.md.
+// sends cost as much as it saved (unet msgrate unchanged); every 8th gave
+// the best of 1, 4, 8, 16 and never (docs/performance-notes.md, tenth
+// session).
 inline constexpr uint32_t kCorkPollEvery = 8;
 // Send slots kept free for control messages.
 inline constexpr size_t kCtlSlots = 8;
@@ -90,7 +91,8 @@ struct TxItem {
   size_t payload = 0;      // Data payload bytes
   std::string encoded;     // other messages: the whole encoded message
   uint32_t az_serial = 0;  // an asynchronous SrcAvail (not its update)
-  bool held = false;       // Data: autocork held it back at least once
+  bool held = false;       // Data: autocork held it back at least once (then it asks
+                           // for an acknowledgement when it goes)
   uint32_t appends = 0;    // Sends that found it held (kCorkPollEvery)
 };
 
@@ -150,14 +152,15 @@ struct ConnState {
 
   // Autocork (docs/protocol.md): a small Data tail waits, taking appends,
   // while the peer has not acknowledged our last AckReq-flagged Data.
-  bool cork = false;              // negotiated: option, peer's kCapAckReq, progress thread
+  bool cork = false;              // in effect: option, peer's kExtAckReq, progress thread
+  bool peer_answers = false;      // the peer announced kExtAckReq
   bool payload_posted = false;    // a Data with payload was ever posted
   uint32_t last_payload_mseq = 0; // mseq of the last one
   bool ackreq_out = false;        // a flagged Data awaits the peer's acknowledgement
   uint32_t ackreq_mseq = 0;       // its mseq
   bool answer_due = false;        // the peer flagged a Data we processed: post something
   bool flush_tail = false;        // the held tail goes without waiting (FlushTail)
-  bool ackreq_useful = false;     // a send was held while the request was out
+  bool ackreq_useful = false;     // a send joined a tail held for the request
   uint32_t cork_backoff = 0;      // flaggable messages to skip after a useless request
   uint32_t cork_skip = 0;         // left to skip
 

@@ -113,7 +113,6 @@ absl::Status ConnState::Init() {
   peer_address = info.peer_address;
   if (info.rdma_read != Support::kNone) my_caps |= wire::kCapRdmaRead;
   if (info.rdma_write != Support::kNone) my_caps |= wire::kCapRdmaWrite;
-  my_caps |= wire::kCapAckReq;  // every 1.1 engine answers AckReq
   if (auto st = SetUpAz(); !st.ok()) return st;
   for (int i = 0; i < rx_count; ++i) {
     PostRx(i);
@@ -135,6 +134,7 @@ absl::Status ConnState::Init() {
     if (!opt.local_sockaddr.empty()) {
       h.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
     }
+    h.extensions.push_back({wire::kExtAckReq, ""});  // every 1.1 engine answers AckReq
     AddAzHello(h);
     m.body = h;
     size_t n = wire::Encode(m, std::span<uint8_t>(hello.base, hello.len));
@@ -708,12 +708,16 @@ bool ConnState::AcceptHeader(const wire::Header& h, const wire::Message* hello) 
   }
   peer_ack = h.mseq_ack;
   peer_bufs = h.bufs;
+  if (payload_posted && static_cast<int32_t>(peer_ack - last_payload_mseq) >= 0) {
+    payload_posted = false;  // all acknowledged (and no stale comparison later)
+  }
   if (ackreq_out && static_cast<int32_t>(peer_ack - ackreq_mseq) >= 0) {
     ackreq_out = false;
-    // No send waited for this acknowledgement: the application is not
-    // sending in bursts, and asking costs both sides a message (and the
-    // peer's progress thread a wake-up) for nothing. Ask less often, up to
-    // once per kCorkMaxSkip flaggable messages; a useful one resets it.
+    // No send joined a tail held for this acknowledgement: the
+    // application is not sending in bursts, and asking costs both sides a
+    // message (and the peer's progress thread a wake-up) for nothing. Ask
+    // less often, up to once per kCorkMaxSkip flaggable messages; a useful
+    // one resets it.
     if (ackreq_useful) {
       cork_backoff = 0;
     } else {
@@ -754,6 +758,7 @@ void ConnState::HandleHello(const wire::Message& m) {
   }
   peer = std::get<wire::Hello>(m.body);
   for (const auto& e : peer.extensions) {
+    if (e.type == wire::kExtAckReq) peer_answers = true;
     if (e.type != wire::kExtSocketAddress) continue;
     if (auto a = ParseSocketAddress(e.value); a.ok()) {
       peer_sockaddr = a->ToString();
@@ -779,6 +784,7 @@ void ConnState::HandleHello(const wire::Message& m) {
     if (!opt.local_sockaddr.empty()) {
       ack.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
     }
+    ack.extensions.push_back({wire::kExtAckReq, ""});
     AddAzHello(ack);
     // The Hello's buffer is reposted after this message is built: count it.
     QueueCtl(wire::Message{{MessageId::kHelloAck}, ack});
@@ -822,8 +828,10 @@ bool ConnState::PostItem(TxItem& item) {
   // Autocork: a small Data sent while earlier data is unacknowledged, or
   // one that was held, asks for an acknowledgement; until it comes, the
   // next small tail waits (HoldTail).
-  bool ackreq = payload && cork && item.payload <= CorkFlagMax() &&
-                (item.held || PayloadInFlight());
+  // Not when it goes because the application is about to wait (nothing
+  // will be held behind it), nor when more data is queued behind it.
+  bool ackreq = payload && cork && item.payload <= CorkFlagMax() && !flush_tail &&
+                !dataq.empty() && &item == &dataq.back() && (item.held || PayloadInFlight());
   if (ackreq && cork_skip > 0) {
     cork_skip--;
     ackreq = false;
@@ -909,7 +917,6 @@ void ConnState::TryTransmit() {
       if (can && data && !from_ctl && HoldTail(item)) {
         if (!item.held) stats.autocork_holds++;
         item.held = true;
-        ackreq_useful = true;  // a send came while the request was out
         can = false;
       }
       if (can) {
@@ -942,7 +949,10 @@ void ConnState::TryTransmit() {
     }
     // The peer asked for an acknowledgement and nothing else carried one:
     // an empty Data (which also reports our buffers).
-    if (answer_due && credits >= 1 && !(credits == 1 && owed <= 0) && !tx_free.empty()) {
+    // Like a control message, but not out of the reserve unless it also
+    // returns credits (the requester holds only while we have more).
+    if (answer_due && credits >= 1 && (credits > kCreditReserve || owed > 0) &&
+        !tx_free.empty()) {
       TxItem ack;
       ack.mid = MessageId::kData;
       if (!PostItem(ack)) return;
@@ -984,7 +994,7 @@ bool ConnState::HoldTail(const TxItem& item) const {
   // Only a lone, not yet full Data tail waits: anything queued behind it
   // (a full slot's successor, a SrcAvail, the DisconnReq) sends it.
   if (dataq.size() != 1 || &item != &dataq.front() || item.slot < 0 ||
-      item.payload >= tx_size - wire::kHeaderSize) {
+      item.payload > CorkFlagMax()) {
     return false;
   }
   // A message is going to the peer anyway (credits or an answer it asked
@@ -1010,7 +1020,7 @@ void ConnState::FlushTail() {
 }
 
 void ConnState::UpdateCork() {
-  cork = opt.autocork && (peer.caps & wire::kCapAckReq) && engine->has_progress_thread();
+  cork = opt.autocork && peer_answers && engine->has_progress_thread();
 }
 
 bool ConnState::CanAppend() const {
@@ -1170,8 +1180,9 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     // here lets this send go at once (and the request counts as one no
     // send waited for).
     bool poll;
-    if (c->dataq.size() == 1 && c->dataq.front().held && c->ctlq.empty() &&
+    if (c->ctlq.empty() && !c->dataq.empty() && c->HoldTail(c->dataq.front()) &&
         IovBytes(iov) <= c->CorkFlagMax()) {
+      c->ackreq_useful = true;  // a send joins a held tail: the request pays
       poll = ++c->dataq.front().appends % kCorkPollEvery == 0;
     } else {
       poll = c->ackreq_out || !c->CanPostSmall(iov);

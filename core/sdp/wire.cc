@@ -16,7 +16,7 @@ constexpr size_t kAdvertRefSize = 4;
 constexpr size_t kModeChangeSize = 4;
 constexpr size_t kAbortSize = 4;
 
-constexpr uint8_t kKnownCaps = kCapRdmaRead | kCapRdmaWrite | kCapAz | kCapAckReq;
+constexpr uint8_t kKnownCaps = kCapRdmaRead | kCapRdmaWrite | kCapAz;
 
 template <typename T>
 T Load(const uint8_t* p) {

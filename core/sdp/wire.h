@@ -82,7 +82,7 @@ enum Flag : uint8_t {
   // Data: acknowledge this message soon (autocork, docs/protocol.md): once
   // it is processed, the receiver posts some message (an empty Data if it
   // has nothing else to send), whose mseq_ack covers it. Only to a peer that
-  // announced kCapAckReq.
+  // announced kExtAckReq.
   kFlagAckReq = 0x04,
   // Reserved for AZ-SDP (decoded, refused by a v1 engine): SrcAvail
   // "updated source avail" naming a copy-on-write buffer that replaces the
@@ -107,7 +107,6 @@ enum Capability : uint8_t {
   kCapRdmaRead = 0x01,   // I can RDMA-read your SrcAvails (sink side)
   kCapRdmaWrite = 0x02,  // I can RDMA-write your SinkAvails (source side)
   kCapAz = 0x04,         // reserved: AZ-SDP (several adverts, lock words)
-  kCapAckReq = 0x08,     // I answer Data flagged kFlagAckReq (1.1)
 };
 
 // Data path modes (Hello.mode, ModeChange.mode).
@@ -122,6 +121,10 @@ enum ExtensionType : uint16_t {
   // SDP Hello header carries ports and IP addresses: the sockets layer's
   // getpeername. Optional; a value that does not parse is ignored.
   kExtSocketAddress = 2,
+  // 1.1 (empty value): I answer Data flagged kFlagAckReq (autocork). An
+  // extension rather than a capability bit: 1.0 engines skip unknown
+  // extensions but refuse unknown capability bits.
+  kExtAckReq = 3,
 };
 struct Extension {
   uint16_t type = 0;

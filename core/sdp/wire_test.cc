@@ -55,8 +55,8 @@ TEST(Wire, FieldsSurvive) {
   EXPECT_EQ(std::get<Completed>(rd->body).bytes, 100u);
 }
 
-// Autocork (1.1): Data may ask for an acknowledgement; Hello announces
-// that its sender answers.
+// Autocork (1.1): Data may ask for an acknowledgement; a Hello extension
+// (empty) announces that its sender answers.
 TEST(Wire, AckRequestOnDataAndItsCapability) {
   auto samples = SampleMessages();
   std::string data = samples[2];
@@ -65,11 +65,18 @@ TEST(Wire, AckRequestOnDataAndItsCapability) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->header.flags, kFlagAckReq);
   EXPECT_EQ(EncodeToString(*d, d->payload), data);
-  std::string hello = samples[0];
-  hello[kHeaderSize + 2] = static_cast<char>(kCapRdmaRead | kCapAckReq);
+  Hello with;
+  with.buf_size = 65536;
+  with.max_bufs = 16;
+  with.extensions.push_back({kExtAckReq, ""});
+  wire::Message m{{MessageId::kHello}, with};
+  m.header.mseq = 1;
+  std::string hello = EncodeToString(m);
   auto h = DecodeString(hello);
   ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(std::get<Hello>(h->body).caps, kCapRdmaRead | kCapAckReq);
+  ASSERT_EQ(std::get<Hello>(h->body).extensions.size(), 1u);
+  EXPECT_EQ(std::get<Hello>(h->body).extensions[0].type, kExtAckReq);
+  EXPECT_EQ(std::get<Hello>(h->body).extensions[0].value, "");
   EXPECT_EQ(Hello{}.minor, 1);
   // A later minor version's unknown capabilities are kept (and ignored by
   // the engine), not refused.
