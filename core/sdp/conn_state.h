@@ -91,8 +91,9 @@ struct TxItem {
   size_t payload = 0;      // Data payload bytes
   std::string encoded;     // other messages: the whole encoded message
   uint32_t az_serial = 0;  // an asynchronous SrcAvail (not its update)
-  bool held = false;       // Data: autocork held it back at least once (then it asks
-                           // for an acknowledgement when it goes)
+  bool held = false;       // Data: autocork held it back at least once (then, if
+                           // last in the queue and not flushed, it asks for an
+                           // acknowledgement when it goes, back-off permitting)
   uint32_t appends = 0;    // Sends that found it held (kCorkPollEvery)
 };
 
@@ -159,7 +160,7 @@ struct ConnState {
   bool ackreq_out = false;        // a flagged Data awaits the peer's acknowledgement
   uint32_t ackreq_mseq = 0;       // its mseq
   bool answer_due = false;        // the peer flagged a Data we processed: post something
-  bool flush_tail = false;        // the held tail goes without waiting (FlushTail)
+  bool flush_tail = false;        // what was queued at FlushTail goes without holding
   bool ackreq_useful = false;     // a send joined a tail held for the request
   uint32_t cork_backoff = 0;      // flaggable messages to skip after a useless request
   uint32_t cork_skip = 0;         // left to skip

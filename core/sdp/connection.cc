@@ -886,7 +886,7 @@ bool ConnState::PostItem(TxItem& item) {
   if (payload) {
     payload_posted = true;
     last_payload_mseq = h.mseq;
-    flush_tail = false;
+    if (&item == &dataq.back()) flush_tail = false;  // everything queued at the flush left
   }
   if (ackreq) {
     ackreq_out = true;
@@ -991,8 +991,9 @@ bool ConnState::PayloadInFlight() const {
 
 bool ConnState::HoldTail(const TxItem& item) const {
   if (!cork || !ackreq_out || static_cast<int32_t>(peer_ack - ackreq_mseq) >= 0) return false;
-  // Only a lone, not yet full Data tail waits: anything queued behind it
-  // (a full slot's successor, a SrcAvail, the DisconnReq) sends it.
+  // Only a lone Data tail of at most half a slot waits: growing past that,
+  // or anything queued behind it (the next slot, a SrcAvail, the
+  // DisconnReq), sends it.
   if (dataq.size() != 1 || &item != &dataq.front() || item.slot < 0 ||
       item.payload > CorkFlagMax()) {
     return false;
@@ -1014,7 +1015,9 @@ size_t ConnState::HeldBytes() const {
 }
 
 void ConnState::FlushTail() {
-  if (dataq.empty() || !dataq.front().held) return;
+  // Whatever is queued now goes without holding, including a tail that
+  // only waits for credits yet (it must not be held once they come).
+  if (dataq.empty()) return;
   flush_tail = true;
   TryTransmit();
 }
@@ -1180,8 +1183,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     // here lets this send go at once (and the request counts as one no
     // send waited for).
     bool poll;
-    if (c->ctlq.empty() && !c->dataq.empty() && c->HoldTail(c->dataq.front()) &&
-        IovBytes(iov) <= c->CorkFlagMax()) {
+    if (c->ctlq.empty() && c->HeldBytes() > 0 && IovBytes(iov) <= c->CorkFlagMax()) {
       c->ackreq_useful = true;  // a send joins a held tail: the request pays
       poll = ++c->dataq.front().appends % kCorkPollEvery == 0;
     } else {

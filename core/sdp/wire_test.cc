@@ -57,7 +57,7 @@ TEST(Wire, FieldsSurvive) {
 
 // Autocork (1.1): Data may ask for an acknowledgement; a Hello extension
 // (empty) announces that its sender answers.
-TEST(Wire, AckRequestOnDataAndItsCapability) {
+TEST(Wire, AckRequestOnDataAndItsExtension) {
   auto samples = SampleMessages();
   std::string data = samples[2];
   data[1] = static_cast<char>(kFlagAckReq);
