@@ -94,13 +94,19 @@ absl::Status Emulation::Start(OpType op, void* local, size_t len,
                      "access only inside the registered region the key names");
   }
   // The request and its answer each travel as one control message: the
-  // data plus headers must fit the provider's largest message.
-  const size_t limit = ep_->fabric()->caps().max_msg_size;
-  if (len > limit - std::min<size_t>(limit, 4096)) {
+  // data plus headers must fit the provider's largest message, and the
+  // provider's max_rma_size says how much that is where its control
+  // messages are smaller (ofi: 64 KiB buffers). Past it the target could
+  // not send its answer, and the operation would never complete.
+  const Capabilities& caps = ep_->fabric()->caps();
+  const size_t limit = caps.max_msg_size;
+  if (len > limit - std::min<size_t>(limit, 4096) ||
+      (caps.max_rma_size > 0 && len > caps.max_rma_size)) {
     return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
                      absl::StrCat("emulated ", OpTypeName(op), " of ", len,
-                                  " bytes exceeds what one control message carries"),
-                     "split the transfer into pieces below the provider's max_msg_size");
+                                  " bytes exceeds what one control message carries (max_rma_size ",
+                                  caps.max_rma_size, ")"),
+                     "split the transfer into pieces of at most caps().max_rma_size bytes");
   }
   uint64_t id;
   {
@@ -192,9 +198,22 @@ void Emulation::Serve(std::span<const uint8_t> msg) {
   }
   resp.len = data.size();
   absl::Status sent = ep_->SendControl(Build(resp, {}, data));
+  if (!sent.ok() && resp.err == 0) {
+    // The answer itself could not go (a read larger than this provider's
+    // control messages, from a peer that did not check max_rma_size): the
+    // initiator waits for it, so it gets the error instead of nothing.
+    ZS_LOG(kWarn, "could not answer an emulated %s of %llu bytes: %s; refusing it instead",
+           OpTypeName(op), static_cast<unsigned long long>(h.len), sent.ToString());
+    const int err = StatusErrno(sent);
+    resp.err = static_cast<uint32_t>(err != 0 ? err : EIO);
+    std::string text = absl::StrCat("the target could not send the answer: ", sent.message());
+    data.assign(text.begin(), text.end());
+    resp.len = data.size();
+    sent = ep_->SendControl(Build(resp, {}, data));
+  }
   if (!sent.ok()) {
-    ZS_LOG(kDebug, "could not answer an emulated %s: %s",
-           OpTypeName(op), sent.ToString());
+    // The peer is gone (its end fails the operation) or the channel is.
+    ZS_LOG(kDebug, "could not answer an emulated %s: %s", OpTypeName(op), sent.ToString());
   }
 }
 

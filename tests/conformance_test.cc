@@ -549,6 +549,89 @@ TEST_P(Conformance, ReadWriteUnalignedAcrossPages) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// max_rma_size is the contract's largest single Read / Write: one of
+// exactly that size moves every byte, and one a byte larger is refused (at
+// the call or in its completion), never left without a completion. Until
+// 2026-11-23 an emulated read of 65025-65536 bytes over ofi:shm passed the
+// initiator's check, and the target, unable to fit the answer in one of its
+// 64 KiB control messages, dropped it: the read never completed.
+TEST_P(Conformance, RmaOfMaxRmaSizeWorksAndLargerIsRefused) {
+  const size_t max = fabric_->caps().max_rma_size;
+  if (fabric_->caps().rdma_read == Support::kNone) GTEST_SKIP() << "no RDMA read here";
+  if (max == 0 || max > (size_t{8} << 20)) {
+    GTEST_SKIP() << "max_rma_size is " << max << " bytes: the boundary is beyond what this "
+                 << "test registers (8 MiB)";
+  }
+  const size_t region = 2 * max + 4096;
+  std::vector<uint8_t> target(region);
+  Fill(target.data(), region, 71);
+  auto mr = fabric_->RegisterMemory(target.data(), region, kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    auto blob = RecvBlob(c.ep.get());
+    CHILD_OK(blob.status());
+    auto key = RemoteKey::Parse(*blob);
+    CHILD_OK(key.status());
+    std::vector<uint8_t> local(region, 0);
+    CHILD_OK(c.ep->Read(local.data(), max, nullptr, key->addr, *key, 1));
+    auto r = WaitOk(c.cq.get());
+    CHILD_OK(r.status());
+    CHILD_CHECK(r->op == OpType::kRead && r->length == max);
+    CHILD_CHECK(Check(local.data(), max, 71));
+    Fill(local.data(), max, 72);
+    CHILD_OK(c.ep->Write(local.data(), max, nullptr, key->addr, *key, 2));
+    auto w = WaitOk(c.cq.get());
+    CHILD_OK(w.status());
+    CHILD_CHECK(w->op == OpType::kWrite && w->length == max);
+    CHILD_OK(SendBlob(c.ep.get(), "wrote"));  // the parent checks its memory
+    auto ack = RecvBlob(c.ep.get());
+    CHILD_OK(ack.status());
+    // One byte more, and twice as much (past what the emulation's control
+    // messages carry): refused, by the call or by the completion.
+    for (size_t len : {max + 1, 2 * max}) {
+      for (OpType op : {OpType::kRead, OpType::kWrite}) {
+        absl::Status st = op == OpType::kRead
+                              ? c.ep->Read(local.data(), len, nullptr, key->addr, *key, 3)
+                              : c.ep->Write(local.data(), len, nullptr, key->addr, *key, 3);
+        if (st.ok()) {
+          auto done = WaitOne(c.cq.get(), absl::Seconds(10));
+          if (!done.ok()) {
+            ChildFail(__FILE__, __LINE__,
+                      absl::StrCat(OpTypeName(op), " of ", len, " bytes (max_rma_size ", max,
+                                   ") never completed: ", done.status().ToString()));
+          }
+          st = done->status;
+        }
+        if (st.ok()) {
+          ChildFail(__FILE__, __LINE__,
+                    absl::StrCat(OpTypeName(op), " of ", len, " bytes (max_rma_size ", max,
+                                 ") succeeded"));
+        }
+      }
+    }
+    CHILD_OK(SendBlob(c.ep.get(), "done"));
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  ASSERT_TRUE(SendBlob(ep.get(), (*mr)->remote_key().Serialize()).ok());
+  // The target keeps polling: emulated RMA is served by its progress.
+  auto wrote = RecvBlob(ep.get());
+  ASSERT_TRUE(wrote.ok()) << wrote.status();
+  ASSERT_EQ(*wrote, "wrote");
+  EXPECT_TRUE(Check(target.data(), max, 72)) << "the write of max_rma_size bytes";
+  std::vector<uint8_t> first(region);
+  Fill(first.data(), region, 71);
+  EXPECT_EQ(std::memcmp(first.data() + max, target.data() + max, region - max), 0)
+      << "bytes past the write changed";
+  ASSERT_TRUE(SendBlob(ep.get(), "ok").ok());
+  auto done = RecvBlob(ep.get());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, "done");
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // A peer that may not attach to our memory (here: it runs as another user,
 // so ptrace policy denies cross-memory attach) sees that at connect, says
 // why in its endpoint info, and its RDMA still works by the fallback path.
