@@ -207,8 +207,9 @@ for line in open(sys.argv[1]):
 ' "$tmp/zs.json" >>"$tmp/zs.all"
     return
   fi
+  # --rma_read=false: the peer tools' rows here are send/receive only.
   "$bench" --provider="$1" --sizes="$sizes" --iters="$iters" --wait=spin --tsv \
-    --baseline_tcp=false --window="$window" --stream_bytes="$stream_bytes" \
+    --baseline_tcp=false --rma_read=false --window="$window" --stream_bytes="$stream_bytes" \
     --stream_max_msgs="$stream_msgs" --cores="$server_core,$client_core" \
     >>"$tmp/zs.all" 2>"$tmp/zs.err"
 }

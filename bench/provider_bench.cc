@@ -61,8 +61,12 @@ ABSL_FLAG(std::string, wait, "adaptive",
           "how to wait for completions: adaptive (CompletionQueue::Wait: spin spin_us, then "
           "sleep on the CQ fd) or spin (poll without sleeping, like fi_pingpong and ucx_perftest)");
 ABSL_FLAG(bool, tsv, false,
-          "print one tab-separated line per size (size p50 p99 avg pp_MBps stream_MBps) "
-          "for the provider only, for scripts");
+          "print one tab-separated line per size (size p50 p99 avg pp_MBps stream_MBps "
+          "read_MBps) for the provider only, for scripts");
+ABSL_FLAG(bool, rma_read, true,
+          "also stream RDMA reads of each size (window sends outstanding) where the provider "
+          "offers RDMA read, native or emulated: the ceiling of what zero-copy and AZ-SDP can "
+          "pull");
 
 namespace zsock {
 namespace {
@@ -71,6 +75,7 @@ struct Result {
   double p50 = 0, p99 = 0, avg = 0;  // one-way latency, us
   double pp_mbps = 0;                // ping-pong: size / avg one-way, 10^6 B/s
   double gbps = 0;                   // stream, 10^9 bytes per second
+  double read_gbps = -1;             // RDMA read stream, 10^9 B/s (-1: not measured)
 };
 
 void Pin(int core) {
@@ -183,6 +188,21 @@ uint64_t SendContext(const Fabric& fabric, size_t size) {
   return size <= fabric.caps().inject_size ? kInjectContext : 0;
 }
 
+// The RDMA read stream runs where the provider can read (natively, or
+// emulated by the target's progress) and --rma_read is on; both processes
+// decide alike from the same flag and the same provider.
+bool RmaRead(const Fabric& fabric) {
+  return absl::GetFlag(FLAGS_rma_read) && fabric.caps().rdma_read != Support::kNone;
+}
+
+// The RDMA read stream's context values (the ping-pong and stream phases use
+// 0 and 1 for receives, 0 for sends).
+constexpr uint64_t kKeyCtx = 2;   // client: the receive of the server's key
+constexpr uint64_t kDoneCtx = 3;  // server: the receive of the client's "done"
+// At most this many reads per size: a read is a round trip (the stream of
+// small sends is not), and a million 8-byte reads would take seconds.
+constexpr int64_t kMaxReads = 100000;
+
 void ProviderServer(const std::string& config, int report_fd, const std::vector<size_t>& sizes,
                     int window) {
   auto fabric_or = Fabric::Open(config);
@@ -204,6 +224,9 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(max));
   std::vector<uint8_t> out(max, 0xa5);
+  std::vector<uint8_t> target(max, 0x3c);  // what the RDMA read stream reads
+  std::unique_ptr<MemoryRegion> target_mr;
+  std::string key;
   for (size_t size : sizes) {
     const int rounds = Warmup(size) + Iters(size);
     const uint64_t send_ctx = SendContext(*fabric, size);
@@ -240,11 +263,89 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
     }
     if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("ack");
     while (comps.Next().op != OpType::kSend) {}
+    if (RmaRead(*fabric)) {
+      // The client reads `size` bytes of `target` over and over; this side
+      // only makes progress (emulated reads need it) until it says done.
+      std::vector<uint8_t> done(8);
+      if (!e->PostRecv(done.data(), done.size(), nullptr, kDoneCtx).ok()) Die("post");
+      if (target_mr == nullptr) {
+        auto mr = fabric->RegisterMemory(target.data(), target.size(), kRemoteRead | kLocalRead);
+        if (!mr.ok()) Die(mr.status().ToString());
+        target_mr = std::move(*mr);
+        key = target_mr->remote_key().Serialize();
+      }
+      if (!e->Send(key.data(), key.size(), nullptr, 0).ok()) Die("send key");
+      bool key_sent = false, finished = false;
+      while (!key_sent || !finished) {
+        Completion c = comps.Next();
+        if (c.op == OpType::kSend) key_sent = true;
+        if (c.op == OpType::kRecv && c.context == kDoneCtx) finished = true;
+      }
+    }
   }
   // Stay until the client has everything: a provider may report a send
   // complete before the peer has the data, which must not vanish with us.
   if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
   while (comps.Next().op != OpType::kRecv) {}
+}
+
+// "-" where the read stream did not run, else the rate in `scale` units.
+std::string ReadCell(const Result& r, double scale, const char* fmt) {
+  if (r.read_gbps < 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof(b), fmt, r.read_gbps * scale);
+  return b;
+}
+
+// The client's RDMA read stream: waits for the server's key, then reads
+// `size` bytes from the start of the server's buffer `count` times with
+// `window` reads outstanding, checks the bytes of the last one, and tells
+// the server it is done. Returns 10^9 B/s.
+double ReadStream(Endpoint* e, Completions& comps, Fabric& fabric, std::vector<uint8_t>& keybuf,
+                  size_t key_len, std::vector<uint8_t>& in, size_t size, int64_t count,
+                  int window) {
+  while (key_len == 0) {
+    Completion c = comps.Next();
+    if (c.op == OpType::kRecv && c.context == kKeyCtx) key_len = c.length;
+  }
+  auto key = RemoteKey::Parse(absl::string_view(reinterpret_cast<const char*>(keybuf.data()), key_len));
+  if (!key.ok()) Die(absl::StrCat("the server's remote key: ", key.status().ToString()));
+  std::unique_ptr<MemoryRegion> mr;
+  if (fabric.caps().registration_required) {
+    auto r = fabric.RegisterMemory(in.data(), in.size(), kLocalWrite | kLocalRead);
+    if (!r.ok()) Die(r.status().ToString());
+    mr = std::move(*r);
+  }
+  std::fill(in.begin(), in.begin() + size, 0);
+  // A read larger than the provider's max_rma_size goes in pieces of at
+  // most that (as the SDP engine's zero-copy reads do): `count` reads of
+  // `size` bytes are `count * pieces` operations.
+  const size_t max_rma = fabric.caps().max_rma_size > 0 ? fabric.caps().max_rma_size : size;
+  const int64_t pieces = static_cast<int64_t>((size + max_rma - 1) / max_rma);
+  const int64_t total = count * pieces;
+  int64_t issued = 0, done = 0;
+  auto issue = [&] {
+    const size_t off = static_cast<size_t>(issued % pieces) * max_rma;
+    const size_t len = std::min(max_rma, size - off);
+    auto st = e->Read(in.data() + off, len, mr.get(), key->addr + off, *key, 0);
+    if (!st.ok()) Die(absl::StrCat("RDMA read: ", st.ToString()));
+    ++issued;
+  };
+  const int64_t t0 = bench::NowNs();
+  while (issued < std::min<int64_t>(window, total)) issue();
+  while (done < total) {
+    Completion c = comps.Next();
+    if (c.op != OpType::kRead) continue;
+    ++done;
+    if (issued < total) issue();
+  }
+  const double secs = (bench::NowNs() - t0) / 1e9;
+  for (size_t i = 0; i < size; ++i) {
+    if (in[i] != 0x3c) Die(absl::StrCat("RDMA read of ", size, " bytes: byte ", i, " is wrong"));
+  }
+  if (!e->Send(in.data(), 1, nullptr, 0).ok()) Die("done");
+  while (comps.Next().op != OpType::kSend) {}
+  return static_cast<double>(size) * static_cast<double>(count) / secs / 1e9;
 }
 
 std::vector<Result> ProviderClient(const std::string& config, const std::string& address,
@@ -259,6 +360,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
   Completions comps(cq->get(), Spin());
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<uint8_t> out(max, 0x5a), in(max);
+  std::vector<uint8_t> keybuf(4096);
   std::vector<Result> results;
   for (size_t size : sizes) {
     const int warmup = Warmup(size), rounds = warmup + Iters(size);
@@ -286,15 +388,27 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     }
     int64_t count = StreamCount(size);
     if (!e->PostRecv(in.data(), max, nullptr, 1).ok()) Die("post");
+    // The server's key follows its acknowledgement of the stream: posted
+    // now, the receive is in place before it can arrive.
+    const bool rma = RmaRead(**fabric);
+    if (rma && !e->PostRecv(keybuf.data(), keybuf.size(), nullptr, kKeyCtx).ok()) Die("post");
     int64_t t0 = bench::NowNs();
     int64_t sent_n = 0, done = 0;
     for (; sent_n < std::min<int64_t>(window, count); ++sent_n) {
       if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
     }
     bool acked = false;
+    size_t key_len = 0;  // the server's key, if it came while sends were still completing
     while (done < count || !acked) {
       Completion c = comps.Next();
-      if (c.op == OpType::kRecv) { acked = true; continue; }
+      if (c.op == OpType::kRecv) {
+        if (c.context == kKeyCtx) {
+          key_len = c.length;
+        } else {
+          acked = true;
+        }
+        continue;
+      }
       ++done;
       if (sent_n < count) {
         if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
@@ -303,6 +417,11 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     }
     double secs = (bench::NowNs() - t0) / 1e9;
     results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
+    if (rma) {
+      results.back().read_gbps =
+          ReadStream(e, comps, **fabric, keybuf, key_len, in, size,
+                     std::min<int64_t>(count, kMaxReads), window);
+    }
   }
   if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("bye");
   while (comps.Next().op != OpType::kSend) {}
@@ -417,11 +536,12 @@ int Main(int argc, char** argv) {
   if (role == "client") {
     if (absl::GetFlag(FLAGS_address).empty()) Die("--role=client needs --address=<server address>");
     auto results = ProviderClient(config, absl::GetFlag(FLAGS_address), sizes, window);
-    std::printf("%-10s %-10s %10s %10s %10s %12s\n", "transport", "size", "lat_p50us",
-                "lat_p99us", "lat_avgus", "bw_GB/s");
+    std::printf("%-10s %-10s %10s %10s %10s %12s %12s\n", "transport", "size", "lat_p50us",
+                "lat_p99us", "lat_avgus", "bw_GB/s", "read_GB/s");
     for (size_t i = 0; i < sizes.size(); ++i) {
-      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f\n", config.c_str(), sizes[i],
-                  results[i].p50, results[i].p99, results[i].avg, results[i].gbps);
+      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", config.c_str(), sizes[i],
+                  results[i].p50, results[i].p99, results[i].avg, results[i].gbps,
+                  ReadCell(results[i], 1, "%.3f").c_str());
     }
     return 0;
   }
@@ -445,8 +565,8 @@ int Main(int argc, char** argv) {
       });
   if (absl::GetFlag(FLAGS_tsv)) {
     for (size_t i = 0; i < sizes.size(); ++i) {
-      std::printf("%zu\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\n", sizes[i], zs[i].p50, zs[i].p99,
-                  zs[i].avg, zs[i].pp_mbps, zs[i].gbps * 1000);
+      std::printf("%zu\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%s\n", sizes[i], zs[i].p50, zs[i].p99,
+                  zs[i].avg, zs[i].pp_mbps, zs[i].gbps * 1000, ReadCell(zs[i], 1000, "%.1f").c_str());
     }
     return 0;
   }
@@ -464,14 +584,14 @@ int Main(int argc, char** argv) {
     tcp = RunPair([&] { TcpServer(lfd, sizes); }, [&] { return TcpClient(port, sizes); });
     ::close(lfd);
   }
-  std::printf("%-10s %-10s %10s %10s %10s %12s\n", "transport", "size", "lat_p50us",
-              "lat_p99us", "lat_avgus", "bw_GB/s");
+  std::printf("%-10s %-10s %10s %10s %10s %12s %12s\n", "transport", "size", "lat_p50us",
+              "lat_p99us", "lat_avgus", "bw_GB/s", "read_GB/s");
   for (size_t i = 0; i < sizes.size(); ++i) {
-    std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f\n", config.c_str(), sizes[i],
-                zs[i].p50, zs[i].p99, zs[i].avg, zs[i].gbps);
+    std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", config.c_str(), sizes[i],
+                zs[i].p50, zs[i].p99, zs[i].avg, zs[i].gbps, ReadCell(zs[i], 1, "%.3f").c_str());
     if (!tcp.empty()) {
-      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f\n", "tcp", sizes[i], tcp[i].p50,
-                  tcp[i].p99, tcp[i].avg, tcp[i].gbps);
+      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", "tcp", sizes[i], tcp[i].p50,
+                  tcp[i].p99, tcp[i].avg, tcp[i].gbps, "-");
     }
   }
   if (!tcp.empty()) {

@@ -79,6 +79,11 @@ run msgrate "$bench" --test=msgrate --provider=unet --mode=bcopy --sizes=8,64 \
 mkdir -p "$out/az"
 run azstream env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=stream --provider=unet \
   --mode=all --sizes=65536,1048576 --baseline=tcp --json="$out/az/stream.json" --plot="$out/az"
+# What AZ-SDP and zcopy pull with on unet, measured alone: RDMA reads
+# (process_vm_readv) between two pinned processes, no SDP protocol around
+# them (docs/azsdp.md, "Against the targets").
+run azceiling bazel-bin/bench/provider_bench --provider=unet --sizes=65536,1048576 \
+  --baseline_tcp=false --wait=spin --stream_bytes=268435456
 run overlap env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=overlap --provider=unet \
   --mode=all --sizes=65536,1048576 --compute_us=0,50,100,200 --baseline=tcp \
   --json="$out/az/overlap.json" --plot="$out/az"
@@ -152,6 +157,7 @@ print("docs/azsdp.md explains the scheme. `overlap` computes the given microseco
       " between sends; `pagefault` rewrites the send buffer every W sends (each rewrite"
       " faults on a protected buffer in azcopy mode).\n")
 for name, title in (("azstream", "Stream, 64 KiB and 1 MiB (zcopy_threshold 64K)"),
+                    ("azceiling", "The data mover alone: unet RDMA read (`read_GB/s`), provider level"),
                     ("overlap", "Computation/communication overlap"),
                     ("pagefault", "Page-fault impact (buffer rewritten every W sends)")):
     print(f"### {title}\n")
