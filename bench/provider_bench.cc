@@ -190,7 +190,8 @@ uint64_t SendContext(const Fabric& fabric, size_t size) {
 
 // The RDMA read stream runs where the provider can read (natively, or
 // emulated by the target's progress) and --rma_read is on; both processes
-// decide alike from the same flag and the same provider.
+// decide alike from the same flag and the same provider (a two-host run
+// must pass the same --rma_read to both sides).
 bool RmaRead(const Fabric& fabric) {
   return absl::GetFlag(FLAGS_rma_read) && fabric.caps().rdma_read != Support::kNone;
 }
@@ -199,6 +200,10 @@ bool RmaRead(const Fabric& fabric) {
 // 0 and 1 for receives, 0 for sends).
 constexpr uint64_t kKeyCtx = 2;   // client: the receive of the server's key
 constexpr uint64_t kDoneCtx = 3;  // server: the receive of the client's "done"
+// The server's buffer for the RDMA read stream: position-dependent, so a
+// piece read from or into the wrong offset shows.
+uint8_t ReadPattern(size_t i) { return static_cast<uint8_t>(i * 131 + i / 4093 + 7); }
+
 // At most this many reads per size: a read is a round trip (the stream of
 // small sends is not), and a million 8-byte reads would take seconds.
 constexpr int64_t kMaxReads = 100000;
@@ -224,7 +229,8 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(max));
   std::vector<uint8_t> out(max, 0xa5);
-  std::vector<uint8_t> target(max, 0x3c);  // what the RDMA read stream reads
+  std::vector<uint8_t> target(max);  // what the RDMA read stream reads
+  for (size_t i = 0; i < max; ++i) target[i] = ReadPattern(i);
   std::unique_ptr<MemoryRegion> target_mr;
   std::string key;
   for (size_t size : sizes) {
@@ -299,8 +305,8 @@ std::string ReadCell(const Result& r, double scale, const char* fmt) {
 
 // The client's RDMA read stream: waits for the server's key, then reads
 // `size` bytes from the start of the server's buffer `count` times with
-// `window` reads outstanding, checks the bytes of the last one, and tells
-// the server it is done. Returns 10^9 B/s.
+// `window` reads outstanding, checks the bytes against the server's
+// pattern, and tells the server it is done. Returns 10^9 B/s.
 double ReadStream(Endpoint* e, Completions& comps, Fabric& fabric, std::vector<uint8_t>& keybuf,
                   size_t key_len, std::vector<uint8_t>& in, size_t size, int64_t count,
                   int window) {
@@ -341,7 +347,9 @@ double ReadStream(Endpoint* e, Completions& comps, Fabric& fabric, std::vector<u
   }
   const double secs = (bench::NowNs() - t0) / 1e9;
   for (size_t i = 0; i < size; ++i) {
-    if (in[i] != 0x3c) Die(absl::StrCat("RDMA read of ", size, " bytes: byte ", i, " is wrong"));
+    if (in[i] != ReadPattern(i)) {
+      Die(absl::StrCat("RDMA read of ", size, " bytes: byte ", i, " is wrong"));
+    }
   }
   if (!e->Send(in.data(), 1, nullptr, 0).ok()) Die("done");
   while (comps.Next().op != OpType::kSend) {}

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,19 @@ struct BenchRun {
   std::string out;
 };
 
+// The benchmark binary: a runfile of this test (bazel test sets
+// TEST_SRCDIR and TEST_WORKSPACE; run by hand, from the runfiles directory).
+std::string Binary() {
+  const char* dir = getenv("TEST_SRCDIR");
+  const char* ws = getenv("TEST_WORKSPACE");
+  if (dir != nullptr && ws != nullptr) return std::string(dir) + "/" + ws + "/bench/provider_bench";
+  return "bench/provider_bench";
+}
+
 BenchRun RunBench(const std::string& args) {
   BenchRun r;
-  const std::string cmd = "bench/provider_bench --tsv --baseline_tcp=false --iters=200 " + args + " 2>&1";
+  const std::string cmd =
+      Binary() + " --tsv --baseline_tcp=false --iters=200 " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];

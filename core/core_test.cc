@@ -248,5 +248,143 @@ TEST(CompletionQueue, DirectSlotsFillPollsOutputInOrder) {
   EXPECT_EQ(cq.Poll(std::span<Completion>(out, 1)), 0u);
 }
 
+// ---- core emulation against a fake provider ----
+//
+// Two endpoints wired back to back in one thread: SendControl hands the
+// bytes straight to the peer's DeliverControl, and refuses messages longer
+// than `control_max` with EMSGSIZE, as ofi's 64 KiB control buffers do.
+
+class FakeEmRegion final : public MemoryRegion {
+ public:
+  FakeEmRegion(void* addr, size_t len) : MemoryRegion(addr, len, kAccessAll) {}
+  RemoteKey remote_key() const override {
+    RemoteKey k;
+    k.addr = reinterpret_cast<uint64_t>(addr());
+    k.length = length();
+    k.access = access();
+    k.blob = {1};
+    return k;
+  }
+  void Revoke() noexcept override {}
+};
+
+class FakeEmFabric final : public Fabric {
+ public:
+  explicit FakeEmFabric(size_t max_rma) {
+    caps_.provider = "fake";
+    caps_.rdma_read = Support::kEmulated;
+    caps_.rdma_write = Support::kEmulated;
+    caps_.max_msg_size = size_t{1} << 30;
+    caps_.max_rma_size = max_rma;
+  }
+  ~FakeEmFabric() override { ReleaseCache(); }
+  const Capabilities& caps() const override { return caps_; }
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t len,
+                                                               uint32_t) override {
+    region_ = {addr, len};
+    return std::unique_ptr<MemoryRegion>(new FakeEmRegion(addr, len));
+  }
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(absl::string_view) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view, CompletionQueue*,
+                                                    absl::Duration) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::Status AccessLocal(const RemoteKey&, uint64_t addr, size_t len, uint32_t,
+                           absl::FunctionRef<void(void*)> fn) override {
+    const uint64_t base = reinterpret_cast<uint64_t>(region_.first);
+    if (addr < base || len > region_.second || addr - base > region_.second - len) {
+      return absl::OutOfRangeError("outside the fake region");
+    }
+    fn(reinterpret_cast<void*>(addr));
+    return absl::OkStatus();
+  }
+
+ private:
+  Capabilities caps_;
+  std::pair<void*, size_t> region_{nullptr, 0};
+};
+
+class FakeEmEndpoint final : public Endpoint {
+ public:
+  FakeEmEndpoint(Fabric* f, CompletionQueue* cq, size_t control_max)
+      : Endpoint(f, cq), control_max_(control_max) {}
+  FakeEmEndpoint* peer = nullptr;
+  const EndpointInfo& info() const override { return info_; }
+  absl::Status Send(const void*, size_t, MemoryRegion*, uint64_t) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::Status PostRecv(void*, size_t, MemoryRegion*, uint64_t) override {
+    return absl::UnimplementedError("fake");
+  }
+  void Close() override {}
+  absl::Status SendControl(std::span<const uint8_t> msg) override {
+    if (msg.size() > control_max_) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE, "control message too long",
+                       "send less");
+    }
+    peer->DeliverControl(msg);
+    return absl::OkStatus();
+  }
+
+ private:
+  size_t control_max_;
+  EndpointInfo info_;
+};
+
+// A target whose control messages cannot carry a read's answer (the
+// initiator's max_rma_size claims more than the target can send, as a peer
+// that does not check it would) answers with the error: the read fails with
+// EMSGSIZE instead of never completing. Reads that fit, and writes, work.
+TEST(Emulation, AnAnswerTooLargeToSendFailsTheRead) {
+  constexpr size_t kControlMax = 64 << 10;
+  FakeEmFabric initiator_fabric(size_t{1} << 20), target_fabric(kControlMax - 512);
+  BareCq initiator_cq, target_cq;
+  FakeEmEndpoint initiator(&initiator_fabric, &initiator_cq, kControlMax);
+  FakeEmEndpoint target(&target_fabric, &target_cq, kControlMax);
+  initiator.peer = &target;
+  target.peer = &initiator;
+  std::vector<uint8_t> memory(2 << 20);
+  for (size_t i = 0; i < memory.size(); ++i) memory[i] = static_cast<uint8_t>(i * 7);
+  auto mr = target_fabric.RegisterMemory(memory.data(), memory.size(), kAccessAll);
+  ASSERT_TRUE(mr.ok());
+  const RemoteKey key = (*mr)->remote_key();
+  std::vector<uint8_t> local(memory.size());
+  Completion c[2];
+
+  // Fits: 32 KiB.
+  ASSERT_TRUE(initiator.Read(local.data(), 32 << 10, nullptr, key.addr, key, 1).ok());
+  ASSERT_EQ(initiator_cq.Poll(c), 1u);
+  EXPECT_TRUE(c[0].status.ok()) << c[0].status;
+  EXPECT_EQ(c[0].length, size_t{32} << 10);
+  EXPECT_EQ(std::memcmp(local.data(), memory.data(), 32 << 10), 0);
+
+  // Too large for the target's answer: 128 KiB.
+  ASSERT_TRUE(initiator.Read(local.data(), 128 << 10, nullptr, key.addr, key, 2).ok())
+      << "the initiator's own max_rma_size (1 MiB) lets it go";
+  ASSERT_EQ(initiator_cq.Poll(c), 1u) << "the read got no completion (the answer was dropped)";
+  EXPECT_EQ(c[0].context, 2u);
+  EXPECT_EQ(StatusErrno(c[0].status), EMSGSIZE) << c[0].status;
+  EXPECT_NE(c[0].status.message().find("could not send the answer"), absl::string_view::npos)
+      << c[0].status;
+
+  // The initiator's own limit refuses at the call (EMSGSIZE), nothing sent.
+  auto st = initiator.Read(local.data(), (1 << 20) + 1, nullptr, key.addr, key, 3);
+  EXPECT_EQ(StatusErrno(st), EMSGSIZE) << st;
+  EXPECT_EQ(initiator_cq.Poll(c), 0u);
+
+  // A write whose request fits still works (its answer is small).
+  std::vector<uint8_t> data(16 << 10, 0xab);
+  ASSERT_TRUE(initiator.Write(data.data(), data.size(), nullptr, key.addr + 4096, key, 4).ok());
+  ASSERT_EQ(initiator_cq.Poll(c), 1u);
+  EXPECT_TRUE(c[0].status.ok()) << c[0].status;
+  EXPECT_EQ(memory[4096], 0xab);
+  EXPECT_EQ(memory[4096 + (16 << 10) - 1], 0xab);
+}
+
 }  // namespace
 }  // namespace zsock

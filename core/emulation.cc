@@ -198,14 +198,15 @@ void Emulation::Serve(std::span<const uint8_t> msg) {
   }
   resp.len = data.size();
   absl::Status sent = ep_->SendControl(Build(resp, {}, data));
-  if (!sent.ok() && resp.err == 0) {
-    // The answer itself could not go (a read larger than this provider's
-    // control messages, from a peer that did not check max_rma_size): the
-    // initiator waits for it, so it gets the error instead of nothing.
+  if (!sent.ok() && resp.err == 0 && op == OpType::kRead && StatusErrno(sent) == EMSGSIZE) {
+    // The answer was too large for one control message (a read past this
+    // provider's max_rma_size, from a peer that did not check it): the
+    // initiator waits for it, so it gets the error instead of nothing. Only
+    // for reads: a write or atomic that failed to answer for another reason
+    // has already happened, and must not be reported as refused.
     ZS_LOG(kWarn, "could not answer an emulated %s of %llu bytes: %s; refusing it instead",
            OpTypeName(op), static_cast<unsigned long long>(h.len), sent.ToString());
-    const int err = StatusErrno(sent);
-    resp.err = static_cast<uint32_t>(err != 0 ? err : EIO);
+    resp.err = EMSGSIZE;
     std::string text = absl::StrCat("the target could not send the answer: ", sent.message());
     data.assign(text.begin(), text.end());
     resp.len = data.size();

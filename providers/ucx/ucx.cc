@@ -2469,7 +2469,9 @@ void UcxFabric::InitCaps() {
   caps_.atomics = Support::kEmulated;
   caps_.atomics_allocated = native_ ? Support::kNative : Support::kEmulated;
   caps_.max_msg_size = kMaxMessage;
-  caps_.max_rma_size = kMaxMessage;
+  // Emulated: a read's answer carries data and headers in one control
+  // message, and core/emulation.cc keeps 4 KiB of it for them.
+  caps_.max_rma_size = kMaxMessage - 4096;
   caps_.inline_size = 0;
   caps_.inject_size = kInjectSize;
   caps_.registration_required = false;
