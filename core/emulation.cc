@@ -100,7 +100,7 @@ absl::Status Emulation::Start(OpType op, void* local, size_t len,
   // not send its answer, and the operation would never complete.
   const Capabilities& caps = ep_->fabric()->caps();
   const size_t limit = caps.max_msg_size;
-  if (len > limit - std::min<size_t>(limit, 4096) ||
+  if (len > limit - std::min(limit, kEmulationHeadroom) ||
       (caps.max_rma_size > 0 && len > caps.max_rma_size)) {
     return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
                      absl::StrCat("emulated ", OpTypeName(op), " of ", len,

@@ -76,6 +76,12 @@ struct Capabilities {
   std::vector<std::string> notes;  // e.g. why an operation is emulated
 };
 
+// Bytes of a control message that core emulation keeps for its headers
+// (the request's key, the answer's header): an emulated read of at most
+// max_msg_size - kEmulationHeadroom bytes fits one answer. Providers that
+// may emulate RMA set max_rma_size to at most that.
+inline constexpr size_t kEmulationHeadroom = 4096;
+
 // Access rights of a registration.
 enum Access : uint32_t {
   kLocalRead = 1u << 0,

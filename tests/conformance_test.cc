@@ -130,6 +130,13 @@ absl::StatusOr<std::string> RecvBlob(Endpoint* ep, size_t max = 4096) {
   }
 }
 
+// Receives a peer's serialized remote key (SendBlob of Serialize()).
+absl::StatusOr<RemoteKey> RecvKey(Endpoint* ep) {
+  auto blob = RecvBlob(ep);
+  if (!blob.ok()) return blob.status();
+  return RemoteKey::Parse(*blob);
+}
+
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -506,9 +513,7 @@ TEST_P(Conformance, ReadWriteUnalignedAcrossPages) {
                                    {page - 1, 2 * page + 2}, {17, region - 17}, {region - 1, 1}};
   pid_t child = Spawn([&] {
     ChildConn c = ChildConnect();
-    auto blob = RecvBlob(c.ep.get());
-    CHILD_OK(blob.status());
-    auto key = RemoteKey::Parse(*blob);
+    auto key = RecvKey(c.ep.get());
     CHILD_OK(key.status());
     std::vector<uint8_t> local(region), back(region);
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -569,9 +574,7 @@ TEST_P(Conformance, RmaOfMaxRmaSizeWorksAndLargerIsRefused) {
   ASSERT_TRUE(mr.ok()) << mr.status();
   pid_t child = Spawn([&] {
     ChildConn c = ChildConnect();
-    auto blob = RecvBlob(c.ep.get());
-    CHILD_OK(blob.status());
-    auto key = RemoteKey::Parse(*blob);
+    auto key = RecvKey(c.ep.get());
     CHILD_OK(key.status());
     std::vector<uint8_t> local(region, 0);
     CHILD_OK(c.ep->Read(local.data(), max, nullptr, key->addr, *key, 1));
@@ -666,9 +669,7 @@ TEST_P(Conformance, DeniedCrossMemoryAttachFallsBack) {
     if (ep.status().code() == absl::StatusCode::kFailedPrecondition) return 3;
     CHILD_OK(ep.status());
     c.ep = std::move(*ep);
-    auto blob = RecvBlob(c.ep.get());
-    CHILD_OK(blob.status());
-    auto key = RemoteKey::Parse(*blob);
+    auto key = RecvKey(c.ep.get());
     CHILD_OK(key.status());
     const EndpointInfo& info = c.ep->info();
     // Providers that never use cross-memory attach report native here.
@@ -721,9 +722,7 @@ TEST_P(Conformance, AtomicsUnderContentionFromTwoProcesses) {
   auto client = [&](int id) {
     return [&, id] {
       ChildConn c = ChildConnect();
-      auto blob = RecvBlob(c.ep.get());
-      CHILD_OK(blob.status());
-      auto key = RemoteKey::Parse(*blob);
+      auto key = RecvKey(c.ep.get());
       CHILD_OK(key.status());
       std::vector<uint64_t> seen;
       for (int i = 0; i < kOps; ++i) {
@@ -788,9 +787,7 @@ TEST_P(Conformance, AtomicsOnAllocatedMemory) {
   auto client = [&] {
     return [&]() -> int {
       ChildConn c = ChildConnect();
-      auto blob = RecvBlob(c.ep.get());
-      CHILD_OK(blob.status());
-      auto key = RemoteKey::Parse(*blob);
+      auto key = RecvKey(c.ep.get());
       CHILD_OK(key.status());
       for (int i = 0; i < kOps; ++i) {
         uint64_t old = 0;
@@ -888,9 +885,7 @@ TEST_P(Conformance, RemoteKeyOutOfBoundsIsRefused) {
   for (const Case& c : cases) {
     children.push_back(Spawn([&]() -> int {
       ChildConn conn = ChildConnect();
-      auto blob = RecvBlob(conn.ep.get());
-      CHILD_OK(blob.status());
-      auto key = RemoteKey::Parse(*blob);
+      auto key = RecvKey(conn.ep.get());
       CHILD_OK(key.status());
       std::vector<uint8_t> buf(8192, 0x11);
       absl::Status st = c.op(conn.ep.get(), *key, buf.data());
@@ -964,9 +959,7 @@ TEST_P(Conformance, RegistrationCacheHitsEvictsAndInvalidates) {
 
   pid_t child = Spawn([&] {
     ChildConn c = ChildConnect();
-    auto blob = RecvBlob(c.ep.get());
-    CHILD_OK(blob.status());
-    auto k = RemoteKey::Parse(*blob);
+    auto k = RecvKey(c.ep.get());
     CHILD_OK(k.status());
     uint64_t v = 0;
     CHILD_OK(c.ep->Read(&v, 8, nullptr, k->addr, *k, 1));

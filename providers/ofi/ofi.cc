@@ -458,26 +458,12 @@ class RequestCache {
     }
     // Fresh, but for a small buffer's capacity (control receive buffers,
     // 64 KiB each, are not kept); the pin goes back to the cache now.
-    // Field by field: a whole new Request (its fi_context2 and vector
-    // included) was a tenth of a small message's bookkeeping.
-    std::memset(&r->fi_ctx, 0, sizeof(r->fi_ctx));
-    r->op = OpType::kSend;
-    r->context = 0;
-    r->ep = nullptr;
-    r->len = 0;
-    r->control = false;
-    r->orphaned = false;
-    if (r->owned.capacity() <= 64) {
-      r->owned.clear();
-    } else {
-      std::vector<uint8_t>().swap(r->owned);
+    std::vector<uint8_t> owned = std::move(r->owned);
+    *r = Request();
+    if (owned.capacity() <= 64) {
+      owned.clear();
+      r->owned = std::move(owned);
     }
-    r->operand[0] = r->operand[1] = 0;
-    r->result = 0;
-    r->user_result = nullptr;
-    r->pin.reset();
-    r->prev = nullptr;
-    r->listed = false;
     r->next = t_cache.head_;
     t_cache.head_ = r;
     ++t_cache.count_;

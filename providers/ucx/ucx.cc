@@ -2470,8 +2470,8 @@ void UcxFabric::InitCaps() {
   caps_.atomics_allocated = native_ ? Support::kNative : Support::kEmulated;
   caps_.max_msg_size = kMaxMessage;
   // Emulated: a read's answer carries data and headers in one control
-  // message, and core/emulation.cc keeps 4 KiB of it for them.
-  caps_.max_rma_size = kMaxMessage - 4096;
+  // message (kEmulationHeadroom).
+  caps_.max_rma_size = kMaxMessage - kEmulationHeadroom;
   caps_.inline_size = 0;
   caps_.inject_size = kInjectSize;
   caps_.registration_required = false;

@@ -592,9 +592,9 @@ class UnetFabric final : public Fabric {
     caps_.atomics_allocated = Support::kNative;
     caps_.max_msg_size = kMaxMessage;
     // Emulated (cma=off, or a peer that denies cross-memory attach), a
-    // read's answer carries its data and headers in one message:
-    // core/emulation.cc keeps 4 KiB of a message for them.
-    caps_.max_rma_size = kMaxMessage - 4096;
+    // read's answer carries its data and headers in one message
+    // (kEmulationHeadroom).
+    caps_.max_rma_size = kMaxMessage - kEmulationHeadroom;
     caps_.inline_size = kInline;
     caps_.inject_size = kInline;
     caps_.registration_required = false;
