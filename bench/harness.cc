@@ -290,6 +290,7 @@ absl::StatusOr<Options> ParseOptions(const RawOptions& raw) {
   opt.server_core = static_cast<int>(raw.server_core);
   opt.client_core = static_cast<int>(raw.client_core);
   opt.progress = raw.progress;
+  opt.stats = raw.stats;
   if (raw.inflight != 64 && opt.test != Test::kMsgrate) {
     return Invalid(absl::StrCat("--inflight applies to --test=msgrate, not --test=", tname),
                    "drop --inflight");
@@ -536,6 +537,29 @@ struct ChildEnv {
 };
 
 ChildEnv g_child;  // one per process (set after fork)
+
+// --stats: the counters of connection `fd` that moved since the previous
+// call for it (and the current values of the two that are levels), one line
+// on stderr. Nothing for transports without counters (kernel TCP).
+void PrintStats(int fd, int pi) {
+  if (!g_child.opt->stats || g_child.ops->stats == nullptr) return;
+  static std::map<int, std::vector<uint64_t>> last;
+  const auto now = g_child.ops->stats(fd);
+  if (now.empty()) return;
+  std::vector<uint64_t>& prev = last[fd];
+  prev.resize(now.size());
+  std::string line = absl::StrCat("stats: ", g_child.role, " connection fd ", fd, " after point ",
+                                  pi, ":");
+  for (size_t i = 0; i < now.size(); ++i) {
+    const absl::string_view name = now[i].first;
+    const bool level = name == "queued_bytes" || name == "held_bytes";
+    const uint64_t v = level ? now[i].second : now[i].second - prev[i];
+    if (v != 0) absl::StrAppend(&line, " ", name, "=", v);
+    prev[i] = now[i].second;
+  }
+  line += "\n";
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
 
 void WriteFrame(char type, const void* payload, size_t len) {
   std::string frame(1, type);
@@ -847,6 +871,7 @@ void PingpongClient(int fd) {
     }
     double secs = static_cast<double>(NowNs() - t_start) / 1e9;
     Report(pi, p.count, 2 * p.count * static_cast<int64_t>(p.size), 2 * p.count, secs, samples);
+    PrintStats(fd, pi);
   }
 }
 
@@ -872,6 +897,7 @@ void PingpongServer(const std::vector<int>& fds) {
     }
     SendAll(c.fd, buf.data(), p.size, "pong");
     if (++c.k == total) {
+      PrintStats(c.fd, c.point);
       c.k = 0;
       ++c.point;
     }
@@ -926,7 +952,9 @@ double StreamSendPoint(int fd, int pi, const Point& p, uint8_t* buf) {
     }
   }
   RecvAll(fd, &ack, 1, "end-of-stream acknowledgement");
-  return static_cast<double>(NowNs() - t0) / 1e9;
+  const double secs = static_cast<double>(NowNs() - t0) / 1e9;
+  PrintStats(fd, pi);
+  return secs;
 }
 
 void StreamRecvPoint(int fd, int pi, const Point& p, uint8_t* buf) {
@@ -953,6 +981,7 @@ void StreamRecvPoint(int fd, int pi, const Point& p, uint8_t* buf) {
     }
   }
   SendAll(fd, &ack, 1, "end-of-stream acknowledgement");
+  PrintStats(fd, pi);
 }
 
 void StreamClient(int fd) {

@@ -78,6 +78,7 @@ struct RawOptions {
   int64_t server_core = 0;
   int64_t client_core = 1;
   bool progress = true;
+  bool stats = false;
 };
 
 // One way to carry a test: kernel TCP or zsock sockets in one mode.
@@ -106,6 +107,7 @@ struct Options {
   int server_core = 0;
   int client_core = 1;
   bool progress = true;
+  bool stats = false;  // print the connections' counters (SockOps::stats) per point
 };
 
 // Validates everything, resolves the transports (the provider registry for

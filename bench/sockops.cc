@@ -22,6 +22,7 @@ const SockOps& KernelTcpOps() {
       .getsockname = ::getsockname,
       .poll = ::poll,
       .fcntl = ::fcntl,
+      .stats = nullptr,
   };
   return ops;
 }

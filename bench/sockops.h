@@ -3,9 +3,8 @@
 // identical code path.
 //
 // Every entry has the libc signature and errno semantics. KernelTcpOps() is
-// libc itself. ZsockOps() is the zsock sockets API (sockets/zsock.h): until
-// that lands (issue 6) it returns an error saying so, and zsock_bench reports
-// it instead of measuring anything else. The provider and the data path of a
+// libc itself. ZsockOps() is the zsock sockets API (sockets/zsock.h). The
+// provider and the data path of a
 // zsock socket are chosen by ZSOCK_PROVIDER and ZSOCK_MODE, which the harness
 // sets in each forked child before its first call through the table.
 #ifndef ZSOCK_BENCH_SOCKOPS_H_
@@ -14,6 +13,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -33,6 +36,9 @@ struct SockOps {
   int (*getsockname)(int fd, struct sockaddr* addr, socklen_t* len);
   int (*poll)(struct pollfd* fds, nfds_t nfds, int timeout_ms);
   int (*fcntl)(int fd, int cmd, ...);
+  // The connection's counters, cumulative, by name (zsock: ZSOCK_SO_STATS);
+  // nullptr where the transport has none (kernel TCP). Empty on error.
+  std::vector<std::pair<const char*, uint64_t>> (*stats)(int fd);
 };
 
 // Kernel TCP: the libc calls.

@@ -48,6 +48,9 @@ ABSL_FLAG(int64_t, timeout, 60, "seconds without progress after which a run is k
 ABSL_FLAG(int64_t, server_core, 0, "CPU the server process is pinned to");
 ABSL_FLAG(int64_t, client_core, 1, "CPU the client processes are pinned to");
 ABSL_FLAG(bool, progress, true, "report each point on stderr as it completes");
+ABSL_FLAG(bool, stats, false,
+          "print each zsock connection's SDP counters (ZSOCK_SO_STATS) on stderr after every "
+          "point of pingpong, stream, overlap, pagefault and msgrate, both ends");
 
 namespace zsock::bench {
 namespace {
@@ -85,6 +88,7 @@ int Main(int argc, char** argv) {
   raw.server_core = absl::GetFlag(FLAGS_server_core);
   raw.client_core = absl::GetFlag(FLAGS_client_core);
   raw.progress = absl::GetFlag(FLAGS_progress);
+  raw.stats = absl::GetFlag(FLAGS_stats);
   auto options = ParseOptions(raw);
   if (!options.ok()) {
     std::fprintf(stderr, "zsock_bench: %s\n", std::string(options.status().message()).c_str());

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/harness.h"
 #include "bench/plot.h"
@@ -362,6 +363,41 @@ TEST(ZsockBench, ZsockProviderReportsTheSocketsApiState) {
   EXPECT_EQ(o->transports[1].mode, "zcopy");
   EXPECT_EQ(o->transports[2].name, "tcp");
   EXPECT_TRUE(o->transports[2].is_baseline);
+}
+
+// --stats: each zsock end prints its connection's counters after the point
+// (both children inherit the test's stderr); kernel TCP prints none.
+TEST(ZsockBench, StatsPrintEachZsockEndsCounters) {
+  RawOptions raw = Small("stream");
+  raw.provider = "unet";
+  raw.mode = "bcopy";
+  raw.baseline = "tcp";
+  raw.sizes = "4K";
+  raw.stats = true;
+  Options o = MustParse(raw);
+  testing::internal::CaptureStderr();
+  BenchResult res = RunBench(o);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(res.failures.empty()) << res.failures[0];
+  ASSERT_EQ(res.records.size(), 2u);
+  // The stream's messages and its warm-up, copied (bcopy); the server sends
+  // two one-byte acknowledgements (after the warm-up, at the end).
+  const int64_t bytes = (res.records[0].iterations + raw.warmup) * 4096;
+  std::vector<std::string> lines;
+  for (absl::string_view l : absl::StrSplit(err, '\n')) {
+    if (absl::StartsWith(l, "stats: ")) lines.emplace_back(l);
+  }
+  ASSERT_EQ(lines.size(), 2u) << err;
+  const std::string client = absl::StrContains(lines[0], "client") ? lines[0] : lines[1];
+  const std::string server = absl::StrContains(lines[0], "client") ? lines[1] : lines[0];
+  EXPECT_TRUE(absl::StrContains(client, "stats: client connection fd ")) << client;
+  EXPECT_TRUE(absl::StrContains(client + " ", absl::StrCat(" bytes_sent_bcopy=", bytes, " ")))
+      << client;
+  EXPECT_TRUE(absl::StrContains(client + " ", " bytes_recv_bcopy=2 ")) << client;
+  EXPECT_TRUE(absl::StrContains(server, "stats: server connection fd ")) << server;
+  EXPECT_TRUE(absl::StrContains(server + " ", absl::StrCat(" bytes_recv_bcopy=", bytes, " ")))
+      << server;
+  EXPECT_TRUE(absl::StrContains(server, " messages_received=")) << server;
 }
 
 TEST(ZsockBench, ListsParse) {

@@ -21,6 +21,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "sockets/zsock.h"
 
 namespace zsock {
 namespace {
@@ -748,6 +749,9 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
       return absl::OkStatus();
     }
   } else if (level == kSolZsock) {
+    if (name == kSoStats) {
+      return Err(ENOPROTOOPT, "ZSOCK_SO_STATS is read-only: read it with getsockopt");
+    }
     if (auto s = need(sizeof(int)); !s.ok()) return s;
     int v = as_int();
     if (name == kSoMode) {
@@ -843,6 +847,20 @@ absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len)
     if (name == kSoAutocork) {
       v = (conn_ ? conn_->options().autocork : opts.autocork) ? 1 : 0;
       return put(&v, sizeof(v));
+    }
+    if (name == kSoStats) {
+      if (!conn_) return Err(ENOTCONN, "getsockopt ZSOCK_SO_STATS: the socket is not connected");
+      const sdp::ConnectionStats cs = conn_->stats();
+      zs_stats out;
+      // The C struct mirrors sdp::ConnectionStats field for field (all
+      // uint64_t, same order); a field added to one and not the other
+      // changes the size.
+      static_assert(sizeof(out) == sizeof(cs), "struct zs_stats must mirror sdp::ConnectionStats");
+      static_assert(offsetof(zs_stats, az_recv_early) ==
+                    offsetof(sdp::ConnectionStats, az_recv_early));
+      static_assert(offsetof(zs_stats, queued_bytes) == offsetof(sdp::ConnectionStats, queued_bytes));
+      std::memcpy(&out, &cs, sizeof(out));
+      return put(&out, sizeof(out));
     }
   }
   return Err(ENOPROTOOPT, absl::StrCat("getsockopt: option ", level, "/", name,

@@ -46,6 +46,7 @@ inline constexpr int kSolZsock = 0x7a73;   // "zs"
 inline constexpr int kSoMode = 1;          // int: 0 bcopy, 1 zcopy
 inline constexpr int kSoZcopyThreshold = 2;  // int: bytes
 inline constexpr int kSoAutocork = 3;        // int: 0 off, 1 on
+inline constexpr int kSoStats = 4;           // read-only struct zs_stats
 
 // The engine every socket of this process uses (created on first use).
 absl::StatusOr<sdp::Engine*> SocketEngine();

@@ -14,6 +14,7 @@
 #define ZSOCK_SOCKETS_ZSOCK_H_
 
 #include <poll.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -28,6 +29,50 @@ extern "C" {
 #define ZSOCK_SO_ZCOPY_THRESHOLD 2 /* int: bytes at and above which zcopy is used */
 #define ZSOCK_SO_AUTOCORK 3        /* int: 1 = coalesce small sends while the peer owes an
                                       acknowledgement (default: config key autocork), 0 = off */
+#define ZSOCK_SO_STATS 4           /* read-only struct zs_stats: the connection's counters */
+
+/* The counters of one connected socket: getsockopt(fd, SOL_ZSOCK,
+ * ZSOCK_SO_STATS, &st, &len). Fields are only ever appended: a program
+ * built with a shorter struct gets its prefix, and *len says how many bytes
+ * were written (as with TCP_INFO). Counters count from the connection's
+ * start; queued_bytes and held_bytes are current values. docs/sockets.md
+ * says what each one means. */
+struct zs_stats {
+  uint64_t bytes_sent_bcopy;     /* payload sent in Data messages (copied) */
+  uint64_t bytes_sent_srcavail;  /* payload the peer pulled by RDMA read (zcopy, azcopy) */
+  uint64_t bytes_sent_sinkavail; /* payload RDMA-written into the peer's buffer */
+  uint64_t bytes_recv_bcopy;
+  uint64_t bytes_recv_srcavail;
+  uint64_t bytes_recv_sinkavail;
+  uint64_t messages_sent;        /* SDP messages of every kind */
+  uint64_t messages_received;
+  uint64_t coalesced_sends;      /* sends appended to a queued Data message */
+  uint64_t credit_stalls;        /* times Data waited for the peer's credits */
+  uint64_t credit_updates_sent;  /* Data messages without payload */
+  uint64_t autocork_holds;       /* small Data tails held back (autocork) */
+  uint64_t ack_requests;         /* Data flagged AckReq (autocork) */
+  uint64_t ack_answers;          /* empty Data sent only to answer an AckReq */
+  uint64_t queued_bytes;         /* now: accepted by send, not yet posted */
+  uint64_t held_bytes;           /* now: of those, the tail autocork holds */
+  uint64_t srcavail_sent;
+  uint64_t srcavail_cancels;
+  uint64_t sendsmall;            /* SrcAvails finished by copying */
+  uint64_t sinkavail_sent;
+  uint64_t sinkavail_cancels;
+  uint64_t sinkavail_void;       /* SinkAvails overtaken by data */
+  uint64_t sinkavail_received;
+  uint64_t cancels_received;
+  uint64_t rdma_fallbacks;       /* refused RDMA read/write, finished by copying */
+  uint64_t az_srcavail_sent;     /* AZ-SDP: asynchronous SrcAvails */
+  uint64_t az_bytes;             /* AZ-SDP: bytes they announced */
+  uint64_t az_hybrid_bcopy;      /* AZ-SDP: unaligned head and tail bytes sent by copying */
+  uint64_t az_unprotectable;     /* AZ-SDP: sends that could not be protected */
+  uint64_t az_faults;            /* AZ-SDP: accesses to protected buffers */
+  uint64_t az_copies;            /* AZ-SDP: faults resolved by copy-on-write */
+  uint64_t az_blocks;            /* AZ-SDP: faults that waited for the transfer */
+  uint64_t az_fallbacks;         /* AZ-SDP: switches to zcopy after too many faults */
+  uint64_t az_recv_early;        /* AZ-SDP: receives returned before their data landed */
+};
 
 int zs_socket(int domain, int type, int protocol);
 int zs_bind(int fd, const struct sockaddr* addr, socklen_t len);

@@ -298,6 +298,11 @@ TEST_P(Sockets, CallSemantics) {
         CHECK_C(::poll(&pf, 1, 30000) == 1);
         CHECK_C(zs_fcntl(fd, F_SETFL, 0) == 0);
         CHECK_C(zs_recv(fd, buf, 4, MSG_WAITALL) == 4 && std::memcmp(buf, "last", 4) == 0);
+        // The connection's counters: the 15 bytes received, nothing sent.
+        zs_stats st{};
+        socklen_t slen = sizeof(st);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_STATS, &st, &slen) == 0 && slen == sizeof(st));
+        CHECK_C(st.bytes_recv_bcopy == 15 && st.bytes_sent_bcopy == 0 && st.messages_received >= 3);
         CHECK_C(zs_recv(fd, buf, sizeof(buf), 0) == 0);
         CHECK_C(zs_recv(fd, buf, sizeof(buf), 0) == 0);
         // We can still write after the peer's SHUT_WR.
@@ -312,6 +317,9 @@ TEST_P(Sockets, CallSemantics) {
         CHECK_C(zs_is_zsock(fd) == 1);
         char c;
         CHECK_C(zs_recv(fd, &c, 1, 0) == -1 && errno == ENOTCONN);
+        zs_stats st{};
+        socklen_t slen = sizeof(st);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_STATS, &st, &slen) == -1 && errno == ENOTCONN);
         sockaddr_in a = Loopback(port);
         CHECK_C(zs_connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
         CHECK_C(zs_connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == -1 && errno == EISCONN);
@@ -366,6 +374,17 @@ TEST_P(Sockets, CallSemantics) {
         CHECK_C(sigaction(SIGPIPE, &old, nullptr) == 0);
         char buf[8] = {};
         CHECK_C(zs_recv(fd, buf, 5, MSG_WAITALL) == 5 && std::memcmp(buf, "reply", 5) == 0);
+        // Counters: 15 bytes sent (not the refused sends), 5 received; a
+        // shorter struct gets the prefix; the option is read-only.
+        slen = sizeof(st);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_STATS, &st, &slen) == 0 && slen == sizeof(st));
+        CHECK_C(st.bytes_sent_bcopy == 15 && st.bytes_recv_bcopy == 5 && st.messages_sent >= 3);
+        uint64_t first = 0;
+        slen = sizeof(first);
+        CHECK_C(zs_getsockopt(fd, SOL_ZSOCK, ZSOCK_SO_STATS, &first, &slen) == 0 &&
+                slen == sizeof(first) && first == 15);
+        CHECK_C(zs_setsockopt(fd, SOL_ZSOCK, ZSOCK_SO_STATS, &st, sizeof(st)) == -1 &&
+                errno == ENOPROTOOPT);
         CHECK_C(zs_recv(fd, buf, sizeof(buf), 0) == 0);
         CHECK_C(zs_close(fd) == 0);
         CHECK_C(zs_is_zsock(fd) == 0);
