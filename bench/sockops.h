@@ -44,8 +44,8 @@ struct SockOps {
 // Kernel TCP: the libc calls.
 const SockOps& KernelTcpOps();
 
-// The zsock sockets API (bench/zsock_ops.cc). FailedPrecondition until
-// sockets/zsock.h exists.
+// The zsock sockets API (bench/zsock_ops.cc). A StatusOr so that a build
+// of the harness without the sockets layer can say so; this one has it.
 absl::StatusOr<const SockOps*> ZsockOps();
 
 }  // namespace zsock::bench

@@ -341,21 +341,13 @@ TEST(ZsockBench, BadFlagsAreClearErrors) {
   }
 }
 
-TEST(ZsockBench, ZsockProviderReportsTheSocketsApiState) {
+TEST(ZsockBench, ZsockProviderResolvesToTheSocketsApi) {
   RawOptions raw = Small("pingpong");
   raw.provider = "unet";
   raw.mode = "bcopy,zcopy";
   raw.baseline = "tcp";
   auto o = ParseOptions(raw);
-  auto ops = ZsockOps();
-  if (!ops.ok()) {
-    // Before the sockets API lands, the zsock column says so: it never
-    // silently measures kernel TCP instead.
-    ASSERT_FALSE(o.ok());
-    EXPECT_EQ(o.status(), ops.status());
-    EXPECT_TRUE(absl::StrContains(o.status().message(), "not built yet")) << o.status();
-    return;
-  }
+  ASSERT_TRUE(ZsockOps().ok());
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_EQ(o->transports.size(), 3u);
   EXPECT_EQ(o->transports[0].name, "unet");
