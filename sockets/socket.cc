@@ -851,15 +851,23 @@ absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len)
     if (name == kSoStats) {
       if (!conn_) return Err(ENOTCONN, "getsockopt ZSOCK_SO_STATS: the socket is not connected");
       const sdp::ConnectionStats cs = conn_->stats();
-      zs_stats out;
-      // The C struct mirrors sdp::ConnectionStats field for field (all
-      // uint64_t, same order); a field added to one and not the other
-      // changes the size.
-      static_assert(sizeof(out) == sizeof(cs), "struct zs_stats must mirror sdp::ConnectionStats");
-      static_assert(offsetof(zs_stats, az_recv_early) ==
-                    offsetof(sdp::ConnectionStats, az_recv_early));
-      static_assert(offsetof(zs_stats, queued_bytes) == offsetof(sdp::ConnectionStats, queued_bytes));
-      std::memcpy(&out, &cs, sizeof(out));
+      // The C struct has sdp::ConnectionStats's fields (all uint64_t),
+      // copied by name; one added to a struct and not to the other changes
+      // its size.
+      static_assert(sizeof(zs_stats) == sizeof(cs), "struct zs_stats must mirror sdp::ConnectionStats");
+      zs_stats out{};
+#define ZS_COPY(f) out.f = cs.f;
+      ZS_COPY(bytes_sent_bcopy) ZS_COPY(bytes_sent_srcavail) ZS_COPY(bytes_sent_sinkavail)
+      ZS_COPY(bytes_recv_bcopy) ZS_COPY(bytes_recv_srcavail) ZS_COPY(bytes_recv_sinkavail)
+      ZS_COPY(messages_sent) ZS_COPY(messages_received) ZS_COPY(coalesced_sends)
+      ZS_COPY(credit_stalls) ZS_COPY(credit_updates_sent) ZS_COPY(autocork_holds)
+      ZS_COPY(ack_requests) ZS_COPY(ack_answers) ZS_COPY(queued_bytes) ZS_COPY(held_bytes)
+      ZS_COPY(srcavail_sent) ZS_COPY(srcavail_cancels) ZS_COPY(sendsmall) ZS_COPY(sinkavail_sent)
+      ZS_COPY(sinkavail_cancels) ZS_COPY(sinkavail_void) ZS_COPY(sinkavail_received)
+      ZS_COPY(cancels_received) ZS_COPY(rdma_fallbacks) ZS_COPY(az_srcavail_sent) ZS_COPY(az_bytes)
+      ZS_COPY(az_hybrid_bcopy) ZS_COPY(az_unprotectable) ZS_COPY(az_faults) ZS_COPY(az_copies)
+      ZS_COPY(az_blocks) ZS_COPY(az_fallbacks) ZS_COPY(az_recv_early)
+#undef ZS_COPY
       return put(&out, sizeof(out));
     }
   }
