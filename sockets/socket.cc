@@ -21,6 +21,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "sockets/stats_fields.h"
 #include "sockets/zsock.h"
 
 namespace zsock {
@@ -855,18 +856,13 @@ absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len)
       // copied by name; one added to a struct and not to the other changes
       // its size.
       static_assert(sizeof(zs_stats) == sizeof(cs), "struct zs_stats must mirror sdp::ConnectionStats");
+#define ZS_ONE(f) +1
+      static_assert((0 ZSOCK_STATS_FIELDS(ZS_ONE)) * sizeof(uint64_t) == sizeof(zs_stats),
+                    "sockets/stats_fields.h must list every field of struct zs_stats");
+#undef ZS_ONE
       zs_stats out{};
 #define ZS_COPY(f) out.f = cs.f;
-      ZS_COPY(bytes_sent_bcopy) ZS_COPY(bytes_sent_srcavail) ZS_COPY(bytes_sent_sinkavail)
-      ZS_COPY(bytes_recv_bcopy) ZS_COPY(bytes_recv_srcavail) ZS_COPY(bytes_recv_sinkavail)
-      ZS_COPY(messages_sent) ZS_COPY(messages_received) ZS_COPY(coalesced_sends)
-      ZS_COPY(credit_stalls) ZS_COPY(credit_updates_sent) ZS_COPY(autocork_holds)
-      ZS_COPY(ack_requests) ZS_COPY(ack_answers) ZS_COPY(queued_bytes) ZS_COPY(held_bytes)
-      ZS_COPY(srcavail_sent) ZS_COPY(srcavail_cancels) ZS_COPY(sendsmall) ZS_COPY(sinkavail_sent)
-      ZS_COPY(sinkavail_cancels) ZS_COPY(sinkavail_void) ZS_COPY(sinkavail_received)
-      ZS_COPY(cancels_received) ZS_COPY(rdma_fallbacks) ZS_COPY(az_srcavail_sent) ZS_COPY(az_bytes)
-      ZS_COPY(az_hybrid_bcopy) ZS_COPY(az_unprotectable) ZS_COPY(az_faults) ZS_COPY(az_copies)
-      ZS_COPY(az_blocks) ZS_COPY(az_fallbacks) ZS_COPY(az_recv_early)
+      ZSOCK_STATS_FIELDS(ZS_COPY)
 #undef ZS_COPY
       return put(&out, sizeof(out));
     }
