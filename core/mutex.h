@@ -5,16 +5,41 @@
 // (GraphCycles::GetId, thread-identity lookups): an uncontended lock+unlock
 // costs well over 100 ns, which dominated unet's per-message cost (perf of
 // bench/endpoint_ops_bench). It is also built without ThreadSanitizer
-// annotations. These wrap the C++ standard mutexes (pthread: ~20 ns
-// uncontended, seen by TSan natively) and carry absl's thread-safety
-// annotations, so ABSL_GUARDED_BY and friends keep working.
+// annotations.
+//
+// Why not std::mutex either (written by hand, no library offers it): the
+// provider and SDP locks are taken several times per message (a ucx
+// ping-pong takes its worker's lock three times per message and side).
+// glibc's pthread mutex costs about 60 instructions per lock+unlock and
+// goes to sleep in futex(2) at the first contention, without spinning: the
+// SDP engine's application thread and progress thread meet on the
+// connection lock, and each meeting cost two system calls. Mutex below is
+// the futex mutex of Drepper's "Futexes Are Tricky" (states 0 free, 1
+// held, 2 held with possible sleepers; one compare-exchange to lock, one
+// exchange to unlock, a futex wake only when someone may sleep), with a
+// short spin before sleeping. A/B on this machine, 4 interleaved rounds,
+// medians (docs/performance-notes.md, thirteenth session): unet msgrate
+// 4.5 -> 6.2 M msg/s, unet SDP ping-pong 0.55 -> 0.47 us, provider
+// ping-pong ucx:posix,cma 0.222 -> 0.196 us, ofi:shm 0.458 -> 0.401 us.
+// Waiters block in the kernel after the spin: no busy wait is ever needed.
+//
+// Under ThreadSanitizer it is std::mutex, so TSan keeps its lock checks
+// (lock-order inversions); the futex lock is tested by core/mutex_test.
+// All carry absl's thread-safety annotations, so ABSL_GUARDED_BY and
+// friends keep working.
 //
 // MutexLock also accepts an absl::Mutex (annotated for TSan) for code that
 // still holds one.
 #ifndef ZSOCK_CORE_MUTEX_H_
 #define ZSOCK_CORE_MUTEX_H_
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <shared_mutex>
 
@@ -31,14 +56,66 @@ class ABSL_LOCKABLE Mutex {
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
+#if defined(__SANITIZE_THREAD__)
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
   bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
+#else
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    uint32_t c = kFree;
+    if (__builtin_expect(state_.compare_exchange_strong(c, kHeld, std::memory_order_acquire), 1)) {
+      return;
+    }
+    LockSlow();
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    if (__builtin_expect(state_.exchange(kFree, std::memory_order_release) == kContended, 0)) {
+      WakeOne();
+    }
+  }
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    uint32_t c = kFree;
+    return state_.compare_exchange_strong(c, kHeld, std::memory_order_acquire);
+  }
+#endif
 
-  std::mutex& native() { return mu_; }
+  // BasicLockable, for std::unique_lock and std::condition_variable_any.
+  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { Lock(); }
+  void unlock() ABSL_UNLOCK_FUNCTION() { Unlock(); }
 
  private:
+#if defined(__SANITIZE_THREAD__)
   std::mutex mu_;
+#else
+  static constexpr uint32_t kFree = 0, kHeld = 1, kContended = 2;
+  // Spin iterations (a pause each, tens of ns) before sleeping: about the
+  // length of a provider's critical section, so that a holder running on
+  // the other core is waited for without two system calls.
+  static constexpr int kSpins = 128;
+
+  __attribute__((noinline)) void LockSlow() {
+    uint32_t c = kFree;
+    for (int i = 0; i < kSpins; ++i) {
+      __builtin_ia32_pause();
+      c = state_.load(std::memory_order_relaxed);
+      if (c == kFree && state_.compare_exchange_weak(c, kHeld, std::memory_order_acquire)) return;
+      if (c == kContended) break;  // others sleep already: queue behind them
+    }
+    // Mark "someone may sleep" and take it if it was free meanwhile; else
+    // sleep while it stays marked (FUTEX_WAIT returns at once if it moved,
+    // and on EINTR; the loop retakes the mark either way).
+    c = state_.exchange(kContended, std::memory_order_acquire);
+    while (c != kFree) {
+      ::syscall(SYS_futex, &state_, FUTEX_WAIT_PRIVATE, kContended, nullptr, nullptr, 0);
+      c = state_.exchange(kContended, std::memory_order_acquire);
+    }
+  }
+  __attribute__((noinline)) void WakeOne() {
+    ::syscall(SYS_futex, &state_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  }
+
+  std::atomic<uint32_t> state_{kFree};
+#endif
 };
 
 class ABSL_LOCKABLE SharedMutex {
@@ -56,13 +133,14 @@ class ABSL_LOCKABLE SharedMutex {
   std::shared_mutex mu_;
 };
 
-// A condition variable for zsock::Mutex (std::condition_variable on the
-// underlying std::mutex), with absl::CondVar's calls.
+// A condition variable for zsock::Mutex (std::condition_variable_any, which
+// takes any lock; its own internal lock costs only the rare Signal, which
+// callers skip without waiters), with absl::CondVar's calls.
 class CondVar {
  public:
   // Requires `mu` held; releases it while waiting.
   void Wait(Mutex* mu) {
-    std::unique_lock<std::mutex> lock(mu->native(), std::adopt_lock);
+    std::unique_lock<Mutex> lock(*mu, std::adopt_lock);
     cv_.wait(lock);
     lock.release();
   }
@@ -72,7 +150,7 @@ class CondVar {
       Wait(mu);
       return false;
     }
-    std::unique_lock<std::mutex> lock(mu->native(), std::adopt_lock);
+    std::unique_lock<Mutex> lock(*mu, std::adopt_lock);
     bool timed_out = cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout;
     lock.release();
     return timed_out;
@@ -81,7 +159,7 @@ class CondVar {
   void SignalAll() { cv_.notify_all(); }
 
  private:
-  std::condition_variable cv_;
+  std::condition_variable_any cv_;
 };
 
 class ABSL_SCOPED_LOCKABLE MutexLock {
