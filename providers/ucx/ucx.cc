@@ -682,7 +682,15 @@ struct Op {
     kDiscard
   };
   Kind kind;
-  std::shared_ptr<EpCore> core;  // null for kDiscard and stray control messages
+  // The connection; null for kDiscard and stray control messages. A user
+  // send or receive in its endpoint's queue (EpCore::sends / recvs) needs
+  // no reference: the endpoint flushes its queues before it lets go of its
+  // core (Close, FailRemainingLocked). Copying the shared_ptr there cost
+  // two locked read-modify-writes per message. Every op that leaves a
+  // queue while UCX still owns it (an orphan), and every other kind,
+  // holds `keep`.
+  EpCore* core = nullptr;
+  std::shared_ptr<EpCore> keep;
   Worker* worker = nullptr;      // kControlRecv / kDiscard: tracked by this worker
   OpType op = OpType::kSend;
   uint64_t context = 0;
@@ -708,7 +716,8 @@ struct Op {
   // moved and destroyed a whole Op, a tenth of a 64-byte ping-pong's
   // one-way time over shared memory.
   void Recycle() {
-    core.reset();
+    core = nullptr;
+    if (keep != nullptr) keep.reset();
     worker = nullptr;
     op = OpType::kSend;
     context = 0;
@@ -956,7 +965,10 @@ class Worker {
   void DeferInlineLocked(UcxCq* cq, Completion c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Reports the deferred completions, oldest first. Every other report
   // calls it first (ReportLocked), so an endpoint's sends stay in order.
-  size_t ReportInlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Inline: every progress calls it, and the queue is usually empty.
+  size_t ReportInlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return inline_done_.empty() ? 0 : ReportInlineSlowLocked();
+  }
   bool HasInlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !inline_done_.empty(); }
   // A CQ going away: its deferred completions have no reader.
   void ForgetCqLocked(UcxCq* cq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -981,6 +993,7 @@ class Worker {
       : ctx_(std::move(ctx)), worker_(w), efd_(efd), name_(std::move(name)) {}
 
   size_t DrainControlLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  size_t ReportInlineSlowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   std::shared_ptr<Context> ctx_;
   ucp_worker_h worker_;
@@ -1119,7 +1132,7 @@ void UcxCq::Deliver(Completion c) {
 // The state of one connection that UCX callbacks reach; guarded by the
 // worker's mutex. It outlives the endpoint object while UCX still owns
 // requests that point to it.
-struct EpCore {
+struct EpCore : std::enable_shared_from_this<EpCore> {
   Worker* worker = nullptr;
   UcxCq* cq = nullptr;
   Endpoint* ep = nullptr;  // null once the endpoint object is gone
@@ -1190,6 +1203,7 @@ void FlushLocked(EpCore* c, std::deque<Op*>* q) {
     q->pop_front();
     ReportLocked(c, op);
     if (op->ucx_busy) {
+      if (op->keep == nullptr) op->keep = c->shared_from_this();  // an orphan now
       c->worker->Track(op);  // reported; UCX still owns the request
     } else {
       c->worker->FreeOpLocked(op);
@@ -1293,12 +1307,20 @@ void Worker::DeferInlineLocked(UcxCq* cq, Completion c) {
   cq->WakeSleeper();
 }
 
-size_t Worker::ReportInlineLocked() {
-  if (inline_done_.empty()) return 0;
+size_t Worker::ReportInlineSlowLocked() {
   // Deliver only queues or hands over (no call back into the worker), and
   // clear keeps the vector's capacity for the next batch.
+  // A send's completion for the CQ whose Poll runs this (a ping-pong's
+  // every send) goes straight into Poll's output, without Deliver's Push
+  // and its two moves of the Completion.
   const size_t n = inline_done_.size();
-  for (auto& [cq, c] : inline_done_) cq->Deliver(std::move(c));
+  for (auto& [cq, c] : inline_done_) {
+    if (Completion* slot = cq->DirectSlot(); slot != nullptr) {
+      *slot = std::move(c);
+    } else {
+      cq->Deliver(std::move(c));
+    }
+  }
   inline_done_.clear();
   return n;
 }
@@ -1327,7 +1349,8 @@ size_t Worker::DrainControlLocked(int64_t now) {
       auto in = std::make_shared<ControlIn>();
       in->data.resize(info.length);
       auto* op = new Op{Op::Kind::kControlRecv};
-      op->core = core;
+      op->core = core.get();
+      op->keep = core;
       op->worker = this;
       op->control_in = in;
       ucp_request_param_t p{};
@@ -1407,7 +1430,7 @@ void Worker::DiscardMessagesLocked(uint64_t tag) {
 // Finishes an operation UCX completed (op->completed), after its
 // ucp_*_nbx call returned.
 void SettleLocked(Op* op) {
-  EpCore* c = op->core.get();
+  EpCore* c = op->core;
   const ucs_status_t st = op->ucx_status;
   if (op->reported) {  // an orphan: its completion went out already
     if (c != nullptr) c->worker->Untrack(op);
@@ -1464,7 +1487,7 @@ void SettleLocked(Op* op) {
 // of that does not hold; the caller then takes the ordinary path.
 bool ReportRecvDirectLocked(Op* op, const ucp_tag_recv_info_t& info) {
   if (op->kind != Op::Kind::kUserRecv || op->reported) return false;
-  EpCore* c = op->core.get();
+  EpCore* c = op->core;
   if (c == nullptr || c->ep == nullptr || c->cq == nullptr || c->recvs.empty() ||
       c->recvs.front() != op || (c->recvs.size() > 1 && c->recvs[1]->done) ||
       c->worker->HasInlineLocked()) {
@@ -1849,7 +1872,7 @@ class UcxEndpoint final : public Endpoint {
       w->DeferInlineLocked(cq_, std::move(done));
       return absl::OkStatus();
     }
-    op->core = core_;
+    op->core = c;
     op->op = OpType::kSend;
     op->context = context;
     op->length = len;
@@ -1871,7 +1894,7 @@ class UcxEndpoint final : public Endpoint {
       }
     }
     auto* op = w->NewOpLocked(Op::Kind::kUserRecv);
-    op->core = core_;
+    op->core = c;
     op->op = OpType::kRecv;
     op->context = context;
     // UCX 1.13 does not fill recv_info when a receive completes at once
@@ -1959,7 +1982,8 @@ class UcxEndpoint final : public Endpoint {
   absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
                               absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
     auto* op = new Op{kind};
-    op->core = core_;
+    op->core = c;
+    op->keep = core_;
     op->owned.assign(msg.begin(), msg.end());
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -2132,7 +2156,8 @@ class UcxEndpoint final : public Endpoint {
       c->rkeys[key.slot] = {key.gen, rk};
     }
     auto* op = new Op{Op::Kind::kNative};
-    op->core = core_;
+    op->core = c;
+    op->keep = core_;
     op->op = type;
     op->context = context;
     op->length = len;
