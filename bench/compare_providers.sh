@@ -50,9 +50,11 @@
 # where the hypervisor places the two vCPUs (one placement gives ucx_perftest
 # 0.11 us one-way, another 0.6): interleaving gives both sides the same
 # spells, and the median drops the lucky and the unlucky run alike. The
-# column "rounds" shows what the median hides: the lowest and the highest
-# ratio of the averages within one round (zsock and the peer a few seconds
-# apart), so a ratio near a target can be read with its spread.
+# column "paired" is the median of the ratio of the averages within each
+# round (zsock and the peer a few seconds apart), and "rounds" the lowest
+# and the highest of those ratios, so a ratio near a target can be read
+# with its spread. "ratio" divides two medians that may come from
+# different spells; "paired" compares like with like (round_stats).
 #
 # Bandwidth, in 10^6 bytes per second, is measured the way each peer tool
 # measures it: against fi_pingpong, ping-pong bandwidth (size / one-way
@@ -192,19 +194,26 @@ col_median() {  # FILE KEY C
   awk -v k="$2" -v c="$3" '$1 == k { print $c }' "$1" | median
 }
 
-# The spread the median hides: zsock's average latency at SIZE over the
-# peer's (column C of peer.all) in the same round, lowest and highest over
-# the rounds ("1.02-1.31"); "-" unless both sides have a number in every
-# round (and at least two rounds).
-round_range() {  # SIZE C
+# zsock's average latency at SIZE over the peer's (column C of peer.all)
+# in the same round, over the rounds: "MEDIAN LO-HI" ("1.08x 1.02-1.31"),
+# or "- -" unless both sides have a number in every round (and at least
+# two rounds). The median of these paired ratios is the robust one: the
+# VM's slow spells last seconds to minutes and move zsock and the peer
+# alike (ucx_perftest itself runs 0.2 us one-way for a minute and 0.6 the
+# next), so a ratio of two medians taken over different spells can land
+# far from what any single round shows, while a round (zsock, then the
+# peer, seconds apart) mostly sits inside one spell.
+round_stats() {  # SIZE C
   local z p
   z=$(awk -v k="$1" '$1 == k { print $4 }' "$tmp/zs.all")
   p=$(awk -v k="$1" -v c="$2" '$1 == k { print $c }' "$tmp/peer.all")
-  if [ -z "$z" ] || [ "$(wc -l <<<"$z")" != "$(wc -l <<<"$p")" ]; then echo -; return; fi
+  if [ -z "$z" ] || [ "$(wc -l <<<"$z")" != "$(wc -l <<<"$p")" ]; then echo "- -"; return; fi
   paste <(echo "$z") <(echo "$p") | awk '
-    $1 + 0 > 0 && $2 + 0 > 0 { r = $1 / $2; if (n == 0 || r < lo) lo = r; if (n == 0 || r > hi) hi = r; n++; next }
-    { bad = 1 }
-    END { if (bad || n < 2) print "-"; else printf "%.2f-%.2f\n", lo, hi }'
+    $1 + 0 > 0 && $2 + 0 > 0 { print $1 / $2; next }
+    { print "bad" }' | sort -g | awk '
+    $1 == "bad" { bad = 1; next }
+    { v[++n] = $1 }
+    END { if (bad || n < 2) print "- -"; else printf "%.2fx %.2f-%.2f\n", v[int((n + 1) / 2)], v[1], v[n] }'
 }
 
 # zsock CONFIG: one run over every size, appending "size p50 p99 avg
@@ -255,7 +264,7 @@ echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/l
 echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; median of $repeat interleaved rounds"
 echo
 rows=()
-row() { rows+=("$(printf '%-14s %-12s %8s | %8s %8s %6s %10s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
+row() { rows+=("$(printf '%-14s %-12s %8s | %8s %8s %6s %6s %10s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
 fmt() { awk -v a="$1" 'BEGIN { if (a == "" || a == "-") print "-"; else printf "%.2f", a }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b == 0) print "-"; else printf "%.2fx", a / b }'; }
 
@@ -299,13 +308,13 @@ for cfg in "${cfgs[@]}"; do
     note=""
     [ -e "$tmp/peer.na" ] && note=$(cat "$tmp/peer.na")
     if [ "$peer" = fi_pingpong ]; then
-      spread=$(round_range "$size" 2)
+      read -r paired spread <<<"$(round_stats "$size" 2)"
       pavg=$(col_median "$tmp/peer.all" "$size" 2)
       ppbw=$(col_median "$tmp/peer.all" "$size" 3)
       pp50="-"
       zbw=$zpp
     else
-      spread=$(round_range "$size" 3)
+      read -r paired spread <<<"$(round_stats "$size" 3)"
       pp50=$(col_median "$tmp/peer.all" "$size" 2)
       pavg=$(col_median "$tmp/peer.all" "$size" 3)
       rate=$(col_median "$tmp/peer.all" "$size" 5)
@@ -313,8 +322,8 @@ for cfg in "${cfgs[@]}"; do
       zbw=$zstream
     fi
     if [ "$level" = sdp ]; then zbw=-; ppbw=-; fi
-    [ "$zs_ok" = 1 ] || spread=-
-    row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" "$spread" \
+    [ "$zs_ok" = 1 ] || { spread=-; paired=-; }
+    row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" "$paired" "$spread" \
         "$(fmt "$zp50")" "$(fmt "$pp50")" "$(ratio "$zp50" "$pp50")" \
         "$(fmt "$zbw")" "$(fmt "$ppbw")" "$(ratio "$zbw" "$ppbw")"
     [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
@@ -323,8 +332,8 @@ for cfg in "${cfgs[@]}"; do
 done
 
 echo "one-way latency (us), average and median (fi_pingpong reports no median); ratios are zsock / peer"
-echo "rounds: the average's ratio within each round, lowest-highest (the spread the median of the rounds hides)"
+echo "paired: the median over the rounds of the average's ratio within each round; rounds: its lowest-highest"
 echo "bandwidth (10^6 B/s): ofi rows ping-pong (size / one-way latency), ucx rows streaming with $window outstanding"
-printf '%-14s %-12s %8s | %8s %8s %6s %10s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
-  zs_avg peer_avg ratio rounds zs_p50 peer_p50 ratio zs_bw peer_bw ratio
+printf '%-14s %-12s %8s | %8s %8s %6s %6s %10s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
+  zs_avg peer_avg ratio paired rounds zs_p50 peer_p50 ratio zs_bw peer_bw ratio
 for r in "${rows[@]}"; do echo "$r"; done
