@@ -26,8 +26,13 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
       {"log_level", ConfigType::kEnum, "warn", "logging threshold",
        {"error", "warn", "info", "debug", "trace"}},
       {"spin_us", ConfigType::kInt, "20",
-       "how long a blocking wait polls before it sleeps on the CQ fd (us)", {}, 0,
-       1000000},
+       "how long a blocking wait polls before it sleeps on the CQ fd (us): where "
+       "the adaptive spin starts and its floor", {}, 0, 1000000},
+      {"spin_max_us", ConfigType::kInt, "-1",
+       "the most a blocking wait's spin grows to when its waits keep finding their "
+       "events soon after going to sleep (us); -1: five times spin_us (so spin_us=0 "
+       "never spins); at or below spin_us the spin stays at spin_us "
+       "(core/adaptive_spin.h)", {}, -1, 1000000},
       {"rcache_max_bytes", ConfigType::kSize, "1G",
        "registration cache: most bytes kept registered while unused", {}, 0},
       {"rcache_max_entries", ConfigType::kInt, "4096",
@@ -294,6 +299,14 @@ int64_t Config::GetInt(absl::string_view key) const {
 bool Config::GetBool(absl::string_view key) const {
   auto b = ParseBool(key, Get(key).value);
   return b.ok() && *b;
+}
+
+SpinBounds ConfiguredSpin() {
+  const auto& config = Config::Global();
+  if (!config.ok()) return {20'000, 100'000};
+  const int64_t floor_us = config->GetInt("spin_us");
+  const int64_t max_us = config->GetInt("spin_max_us");
+  return {floor_us * 1000, (max_us < 0 ? 5 * floor_us : max_us) * 1000};
 }
 
 }  // namespace zsock

@@ -75,6 +75,15 @@ class Config {
 // The real process environment as a map (ZSOCK_* entries only).
 std::map<std::string, std::string> ZsockEnvironment();
 
+// A blocking wait's spin (core/adaptive_spin.h) from the global
+// configuration's spin_us (floor) and spin_max_us (ceiling), in
+// nanoseconds; the defaults when the configuration did not load.
+struct SpinBounds {
+  int64_t floor_ns;
+  int64_t ceiling_ns;
+};
+SpinBounds ConfiguredSpin();
+
 }  // namespace zsock
 
 #endif  // ZSOCK_CORE_CONFIG_H_

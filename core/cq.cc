@@ -33,7 +33,11 @@ thread_local DirectSink* t_sink = nullptr;
 
 }  // namespace
 
-CompletionQueue::CompletionQueue() : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+CompletionQueue::CompletionQueue()
+    : CompletionQueue(ConfiguredSpin().floor_ns, ConfiguredSpin().ceiling_ns) {}
+
+CompletionQueue::CompletionQueue(int64_t spin_floor_ns, int64_t spin_ceiling_ns)
+    : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin_floor_ns, spin_ceiling_ns) {
   if (wake_fd_ < 0) {
     ZS_LOG(kError, "eventfd for a completion queue failed (%s): cross-thread wakeups are lost",
            std::strerror(errno));
@@ -163,10 +167,7 @@ bool CompletionQueue::Arm() {
 
 absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
                                              absl::Duration timeout) {
-  static const int64_t spin_ns = [] {
-    const auto& config = Config::Global();
-    return config.ok() ? config->GetInt("spin_us") * 1000 : int64_t{20000};
-  }();
+  const int64_t spin_ns = spin_.budget_ns();
   const int64_t start = absl::GetCurrentTimeNanos();
   const int64_t deadline = timeout == absl::InfiniteDuration()
                                ? INT64_MAX
@@ -177,14 +178,19 @@ absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
     int64_t now = absl::GetCurrentTimeNanos();
     if (now - start >= spin_ns || now >= deadline) break;
   }
-  // Phase 2: block on the wait fd.
+  // Phase 2: block on the wait fd. How long it took to find something
+  // tells the spin whether a longer one would have (AdaptiveSpin).
+  wait_sleeps_.fetch_add(1, std::memory_order_relaxed);
   for (;;) {
     int64_t now = absl::GetCurrentTimeNanos();
     if (Arm()) {
       int timeout_ms = -1;
       if (deadline != INT64_MAX) {
         int64_t left = deadline - now;
-        if (left <= 0) return size_t{0};
+        if (left <= 0) {
+          spin_.Slept(now - start, /*found=*/false);
+          return size_t{0};
+        }
         timeout_ms = static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, INT32_MAX));
       }
       pollfd pfd{wait_fd(), POLLIN, 0};
@@ -194,8 +200,14 @@ absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
       }
       ClearWakeup();
     }
-    if (size_t n = Poll(out); n > 0) return n;
-    if (absl::GetCurrentTimeNanos() >= deadline) return size_t{0};
+    if (size_t n = Poll(out); n > 0) {
+      spin_.Slept(absl::GetCurrentTimeNanos() - start, /*found=*/true);
+      return n;
+    }
+    if (int64_t t = absl::GetCurrentTimeNanos(); t >= deadline) {
+      spin_.Slept(t - start, /*found=*/false);
+      return size_t{0};
+    }
   }
 }
 

@@ -36,6 +36,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/adaptive_spin.h"
 #include "core/mutex.h"
 #include "absl/time/time.h"
 
@@ -164,6 +165,9 @@ struct Completion {
 class CompletionQueue {
  public:
   CompletionQueue();
+  // With its own spin bounds instead of spin_us / spin_max_us
+  // (AdaptiveSpin's floor and ceiling, in nanoseconds).
+  CompletionQueue(int64_t spin_floor_ns, int64_t spin_ceiling_ns);
   virtual ~CompletionQueue();
 
   // Moves up to out.size() completions into `out`, driving progress first.
@@ -171,9 +175,15 @@ class CompletionQueue {
   size_t Poll(std::span<Completion> out);
 
   // Waits until at least one completion is available or `timeout` passes
-  // (then returns 0). Spins for the configured spin time (spin_us), then
-  // blocks on wait_fd(); a spinning thread is never required.
+  // (then returns 0). Spins, then blocks on wait_fd(); a spinning thread is
+  // never required. The spin starts at spin_us and adapts between it and
+  // spin_max_us to how soon this CQ's waits find their completions
+  // (core/adaptive_spin.h).
   absl::StatusOr<size_t> Wait(std::span<Completion> out, absl::Duration timeout);
+  // How long the next Wait spins, and how many Waits spun out and went on
+  // to sleep (for tests and statistics).
+  int64_t spin_budget_ns() const { return spin_.budget_ns(); }
+  uint64_t wait_sleeps() const { return wait_sleeps_.load(std::memory_order_relaxed); }
 
   // A file descriptor for poll/epoll: readable when Poll may return entries.
   // Protocol: call Arm(); if it returns true, sleep on wait_fd(); after
@@ -232,6 +242,8 @@ class CompletionQueue {
   std::atomic<bool> armed_{false};
   int wake_fd_ = -1;
   std::atomic<bool> wake_pending_{false};
+  AdaptiveSpin spin_;
+  std::atomic<uint64_t> wait_sleeps_{0};
 };
 
 // Per-connection facts, available once connected.

@@ -697,6 +697,76 @@ TEST_P(SdpTest, ProgressThreadFiresReadinessWhileTheAppSleeps) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// An application thread's wait learns how soon its replies come
+// (core/adaptive_spin.h; milliseconds here, so that a loaded machine's
+// wake-ups stay inside the bands): with a 1 ms floor and a 50 ms ceiling,
+// a reply that comes 5 ms into a receive, after the spin ran out and the
+// thread slept, grows the engine's spin past 5 ms; receives that time out
+// halve it, down to the floor.
+TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
+  EngineOptions eo;
+  eo.fabric = GetParam().config;
+  eo.spin = SpinBounds{1'000'000, 50'000'000};
+  auto engine = Engine::Create(eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->stats().spin_ns, 1'000'000);
+  auto l = (*engine)->Listen("", Options());
+  ASSERT_TRUE(l.ok()) << l.status();
+  const std::string address = (*l)->address();
+  // The child echoes each byte 5 ms after it came, until end of stream.
+  pid_t child = Spawn([&] {
+    auto e = Engine::Create({GetParam().config, false});
+    CHILD_OK(e.status());
+    auto c = (*e)->Connect(address, Options(), Deadline());
+    CHILD_OK(c.status());
+    for (;;) {
+      uint8_t b = 0;
+      auto r = (*c)->Recv(&b, 1, 0, Deadline());
+      CHILD_OK(r.status());
+      if (*r == 0) break;
+      absl::SleepFor(absl::Milliseconds(5));
+      CHILD_OK((*c)->Send(&b, 1, 0, Deadline()).status());
+    }
+    return 0;
+  });
+  auto c = (*l)->Accept(Deadline());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto timed_out_recv = [&] {
+    uint8_t b;
+    auto r = (*c)->Recv(&b, 1, 0, absl::Now() + absl::Milliseconds(2));
+    EXPECT_FALSE(r.ok() && *r > 0) << "a byte came that nobody sent";
+  };
+  // Whatever setting up taught it, timeouts bring it to the floor.
+  for (int i = 0; i < 8; ++i) timed_out_recv();
+  ASSERT_EQ((*engine)->stats().spin_ns, 1'000'000);
+  // Round trips until one receive slept (a 1 ms spin preempted past 5 ms
+  // finds the reply spinning and teaches nothing).
+  const uint64_t sleeps = (*engine)->stats().leader_sleeps;
+  for (int i = 0; i < 20 && (*engine)->stats().leader_sleeps == sleeps; ++i) {
+    uint8_t b = static_cast<uint8_t>(i + 1);
+    ASSERT_TRUE((*c)->Send(&b, 1, 0, Deadline()).ok());
+    uint8_t back = 0;
+    auto r = (*c)->Recv(&back, 1, 0, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(*r, 1u);
+    EXPECT_EQ(back, b);
+  }
+  ASSERT_GT((*engine)->stats().leader_sleeps, sleeps) << "no receive slept in 20 round trips";
+  const int64_t grown = (*engine)->stats().spin_ns;
+  EXPECT_GE(grown, 6'250'000) << "a reply found 5 ms into a receive that slept after 1 ms "
+                                 "did not grow the spin to cover it";
+  EXPECT_LE(grown, 50'000'000);
+  timed_out_recv();
+  EXPECT_LE((*engine)->stats().spin_ns, grown / 2);
+  // End of stream both ways (the child's close needs this side's progress).
+  ASSERT_TRUE((*c)->Shutdown(SHUT_WR).ok());
+  uint8_t b;
+  auto eof = (*c)->Recv(&b, 1, 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Each malformed message aborts only its own connection.
 TEST_P(SdpTest, MalformedHeadersAbortOnlyThatConnection) {
   auto raw = [](MessageId mid, uint32_t len, uint16_t bufs, uint32_t mseq, uint32_t ack,

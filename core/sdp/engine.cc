@@ -30,6 +30,8 @@ absl::Duration Until(absl::Time deadline) {
 
 }  // namespace
 
+Engine::Engine(SpinBounds spin) : spin_(spin.floor_ns, spin.ceiling_ns) {}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   std::string spec = options.fabric;
   if (spec.empty()) {
@@ -41,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   if (!fabric.ok()) return fabric.status();
   auto cq = (*fabric)->CreateCq();
   if (!cq.ok()) return cq.status();
-  std::unique_ptr<Engine> e(new Engine());
+  std::unique_ptr<Engine> e(new Engine(options.spin.value_or(ConfiguredSpin())));
   e->notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (options.progress_thread) e->bg_notify_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   e->fabric_ = std::move(*fabric);
@@ -101,7 +103,10 @@ void Engine::ProgressThread() {
 
 EngineStats Engine::stats() const {
   MutexLock lock(&mu_);
-  return stats_;
+  EngineStats s = stats_;
+  s.leader_sleeps = leader_sleeps_.load(std::memory_order_relaxed);
+  s.spin_ns = spin_.budget_ns();
+  return s;
 }
 
 namespace {
@@ -121,22 +126,21 @@ void Engine::NotifyLocked() {
   if (stop_ && bg_leading_) Signal(bg_notify_fd_);
 }
 
-// The leader's wait: like CompletionQueue::Wait (spin for spin_us, then
-// sleep on the CQ's fd), but also woken by NotifyLocked through the
-// engine's own eventfd, so a local state change another thread makes (a
+// The leader's wait: like CompletionQueue::Wait (spin, then sleep on the
+// CQ's fd; the spin adapts between spin_us and spin_max_us to how soon the
+// sleeps end, core/adaptive_spin.h), but also woken by NotifyLocked through
+// the engine's own eventfd, so a local state change another thread makes (a
 // shutdown, a release) ends the sleep at once. The progress thread does not
 // spin: it works while the application is away, often on the application's
 // own (pinned) core, where every spin is time taken from the application.
 size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool background) {
-  static const int64_t spin_ns = [] {
-    const auto& config = Config::Global();
-    return config.ok() ? config->GetInt("spin_us") * 1000 : int64_t{20000};
-  }();
+  const int64_t spin_ns = spin_.budget_ns();
   const Fd& notify = background ? bg_notify_fd_ : notify_fd_;
   // The clock is first read after 32 empty polls, then every 32nd: a
   // ping-pong's reply usually comes sooner, and on this VM an absl clock
   // read cost as much as two empty unet polls (clock reads were a tenth of
-  // an 8-byte ping-pong's samples). The spin lasts spin_us from that read.
+  // an 8-byte ping-pong's samples). The spin lasts its budget from that
+  // read.
   int64_t start = 0;
   for (uint32_t polls = 1;; ++polls) {
     if (size_t n = TakeCq(out); n > 0) return n;
@@ -150,11 +154,21 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
     }
   }
   // Asleep, wake at least every second to let the caller re-check (a lost
-  // wake-up never hangs).
+  // wake-up never hangs). An application thread's sleep tells the spin
+  // whether a longer one would have caught its event: found (a completion,
+  // or a notification, which is mostly the progress thread handing one
+  // over) or not (a second or the deadline passed).
+  if (!background) leader_sleeps_.fetch_add(1, std::memory_order_relaxed);
+  auto adapt = [&](bool found) {
+    if (!background && start != 0) spin_.Slept(absl::GetCurrentTimeNanos() - start, found);
+  };
   const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(1));
   for (;;) {
     absl::Time now = absl::Now();
-    if (now >= until) return 0;
+    if (now >= until) {
+      adapt(false);
+      return 0;
+    }
     std::optional<bool> try_arm = TryArmCq();
     if (!try_arm) {  // another thread is polling right now; let it finish
       sched_yield();
@@ -179,10 +193,19 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
         uint64_t v;
         while (::read(notify.get(), &v, sizeof(v)) == sizeof(v)) {}
       }
-      if (size_t n = TakeCq(out); n > 0) return n;
-      if (notified) return 0;  // let the caller re-check its condition
+      if (size_t n = TakeCq(out); n > 0) {
+        adapt(true);
+        return n;
+      }
+      if (notified) {
+        adapt(true);
+        return 0;  // let the caller re-check its condition
+      }
     } else {
-      if (size_t n = TakeCq(out); n > 0) return n;
+      if (size_t n = TakeCq(out); n > 0) {
+        adapt(true);
+        return n;
+      }
     }
   }
 }

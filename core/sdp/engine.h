@@ -38,6 +38,8 @@
 #include "absl/strings/string_view.h"
 #include "core/mutex.h"
 #include "absl/time/time.h"
+#include "core/adaptive_spin.h"
+#include "core/config.h"
 #include "core/fd.h"
 #include "core/sdp/deadline.h"
 #include "core/provider.h"
@@ -49,6 +51,9 @@ namespace zsock::sdp {
 struct EngineOptions {
   std::string fabric;            // "" = the configured provider
   bool progress_thread = false;  // see above
+  // The application threads' spin before they sleep (core/adaptive_spin.h);
+  // unset: spin_us and spin_max_us from the configuration.
+  std::optional<SpinBounds> spin;
 };
 
 class Listener {
@@ -75,6 +80,8 @@ class Listener {
 struct EngineStats {
   uint64_t completions = 0;
   uint64_t leader_waits = 0;     // CQ waits by a caller thread
+  uint64_t leader_sleeps = 0;    // ... that spun out and slept on the CQ's fd
+  int64_t spin_ns = 0;           // how long the next one spins (adaptive)
   uint64_t protocol_aborts = 0;  // connections aborted for a malformed message
 };
 
@@ -105,7 +112,7 @@ class Engine : private az::FaultClient {
   friend class Listener;
   friend struct ConnState;
 
-  Engine() = default;
+  explicit Engine(SpinBounds spin);  // (in engine.cc, where ConnState is complete)
   absl::StatusOr<std::unique_ptr<Connection>> Start(std::unique_ptr<Endpoint> ep,
                                                     ConnectionOptions options, bool active,
                                                     absl::Time deadline);
@@ -174,6 +181,9 @@ class Engine : private az::FaultClient {
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
   bool bg_leading_ ABSL_GUARDED_BY(mu_) = false;  // the progress thread sleeps on the CQ
   std::atomic<bool> polling_{false};  // the poll token (TakeCq)
+  // The application threads' spin (LeadWait), and how often they slept.
+  AdaptiveSpin spin_;
+  std::atomic<uint64_t> leader_sleeps_{0};
   // Where the token's holder polls into, until it has dispatched them. One
   // array for the engine, not one on the stack per poll: constructing and
   // destroying 32 completions (an absl::Status each) was an eighth of the
