@@ -58,8 +58,9 @@ ABSL_FLAG(std::string, role, "both",
 ABSL_FLAG(std::string, address, "",
           "server: address to listen on (\"\" = the provider's choice); client: the server's address");
 ABSL_FLAG(std::string, wait, "adaptive",
-          "how to wait for completions: adaptive (CompletionQueue::Wait: spin spin_us, then "
-          "sleep on the CQ fd) or spin (poll without sleeping, like fi_pingpong and ucx_perftest)");
+          "how to wait for completions: adaptive (CompletionQueue::Wait: spin, from spin_us "
+          "adapting up to spin_max_us, then sleep on the CQ fd) or spin (poll without sleeping, "
+          "like fi_pingpong and ucx_perftest)");
 ABSL_FLAG(bool, tsv, false,
           "print one tab-separated line per size (size p50 p99 avg pp_MBps stream_MBps "
           "read_MBps) for the provider only, for scripts");
@@ -105,8 +106,9 @@ int64_t StreamCount(size_t size) {
 
 // Takes completions off a CQ one at a time. kSpin polls without ever
 // sleeping, as fi_pingpong (FI_WAIT_NONE + fi_cq_read) and ucx_perftest
-// (ucp_worker_progress) do; kAdaptive uses CompletionQueue::Wait (spin for
-// spin_us, then sleep on the CQ fd), the library's default.
+// (ucp_worker_progress) do; kAdaptive uses CompletionQueue::Wait (spin, from
+// spin_us adapting up to spin_max_us, then sleep on the CQ fd), the
+// library's default.
 class Completions {
  public:
   Completions(CompletionQueue* cq, bool spin) : cq_(cq), spin_(spin) {}

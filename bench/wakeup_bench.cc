@@ -8,7 +8,8 @@
 //       [--provider=unet] [--gap_us=1000] [--rounds=300] [--idle=0]
 //
 // --level=provider: two processes, an Endpoint each, every wait a
-//   CompletionQueue::Wait (spin_us of spinning, then sleep on the CQ fd);
+//   CompletionQueue::Wait (spinning, spin_us adapting up to spin_max_us, then
+//   sleeping on the CQ fd);
 //   --idle=N more connections from the client sit idle on the server's CQ
 //   (how a wake-up scales with the connections a CQ holds).
 // --level=sockets: the zs_* calls (SDP over --provider), then the same over

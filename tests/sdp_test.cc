@@ -700,9 +700,9 @@ TEST_P(SdpTest, ProgressThreadFiresReadinessWhileTheAppSleeps) {
 // An application thread's wait learns how soon its replies come
 // (core/adaptive_spin.h; milliseconds here, so that a loaded machine's
 // wake-ups stay inside the bands): with a 1 ms floor and a 50 ms ceiling,
-// a reply that comes 5 ms into a receive, after the spin ran out and the
-// thread slept, grows the engine's spin past 5 ms; receives that time out
-// halve it, down to the floor.
+// a reply that comes about 5 ms into a receive, after the spin ran out and
+// the thread slept, grows the engine's spin; receives that time out halve
+// it, down to the floor.
 TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
   EngineOptions eo;
   eo.fabric = GetParam().config;
@@ -752,9 +752,12 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
     EXPECT_EQ(back, b);
   }
   ASSERT_GT((*engine)->stats().leader_sleeps, sleeps) << "no receive slept in 20 round trips";
+  // At least doubled: the reply came within the ceiling. (By how much
+  // more depends on when the wait began against the child's 5 ms, which a
+  // loaded machine moves; AdaptiveSpin's own test checks the rule.)
   const int64_t grown = (*engine)->stats().spin_ns;
-  EXPECT_GE(grown, 6'250'000) << "a reply found 5 ms into a receive that slept after 1 ms "
-                                 "did not grow the spin to cover it";
+  EXPECT_GE(grown, 2'000'000) << "a reply found about 5 ms into a receive that slept after "
+                                 "1 ms did not grow the spin";
   EXPECT_LE(grown, 50'000'000);
   timed_out_recv();
   EXPECT_LE((*engine)->stats().spin_ns, grown / 2);
