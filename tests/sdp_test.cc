@@ -770,6 +770,44 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
   EXPECT_EQ(Reap(child), 0);
 }
 
+// A blocking call's spin ends at its deadline: with a 300 ms spin (as a
+// large spin_max_us allows), a receive with a 20 ms timeout and nothing to
+// read returns well before the spin would have ended.
+TEST_P(SdpTest, ALongSpinEndsAtTheCallersDeadline) {
+  EngineOptions eo;
+  eo.fabric = GetParam().config;
+  eo.spin = SpinBounds{300'000'000, 300'000'000};
+  auto engine = Engine::Create(eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto l = (*engine)->Listen("", Options());
+  ASSERT_TRUE(l.ok()) << l.status();
+  const std::string address = (*l)->address();
+  pid_t child = Spawn([&] {  // connects, then waits for the end of stream
+    auto e = Engine::Create({GetParam().config, false});
+    CHILD_OK(e.status());
+    auto c = (*e)->Connect(address, Options(), Deadline());
+    CHILD_OK(c.status());
+    uint8_t b;
+    auto r = (*c)->Recv(&b, 1, 0, Deadline());
+    CHILD_OK(r.status());
+    CHILD_CHECK(*r == 0);
+    return 0;
+  });
+  auto c = (*l)->Accept(Deadline());
+  ASSERT_TRUE(c.ok()) << c.status();
+  uint8_t b;
+  const absl::Time t0 = absl::Now();
+  auto r = (*c)->Recv(&b, 1, 0, t0 + absl::Milliseconds(20));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_FALSE(r.ok() && *r > 0) << "a byte came that nobody sent";
+  EXPECT_LT(took, absl::Milliseconds(250)) << "the 300 ms spin ran past the 20 ms deadline";
+  ASSERT_TRUE((*c)->Shutdown(SHUT_WR).ok());
+  auto eof = (*c)->Recv(&b, 1, 0, Deadline());  // the child's close
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // Each malformed message aborts only its own connection.
 TEST_P(SdpTest, MalformedHeadersAbortOnlyThatConnection) {
   auto raw = [](MessageId mid, uint32_t len, uint16_t bufs, uint32_t mseq, uint32_t ack,

@@ -140,18 +140,17 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
   // ping-pong's reply usually comes sooner, and on this VM an absl clock
   // read cost as much as two empty unet polls (clock reads were a tenth of
   // an 8-byte ping-pong's samples). The spin lasts its budget from that
-  // read.
+  // read, or until the caller's deadline (spin_max_us may be long).
+  const int64_t deadline_ns =
+      deadline == absl::InfiniteFuture() ? INT64_MAX : absl::ToUnixNanos(deadline);
   int64_t start = 0;
   for (uint32_t polls = 1;; ++polls) {
     if (size_t n = TakeCq(out); n > 0) return n;
     if (background) break;
     if ((polls & 31) != 0) continue;
     const int64_t now = absl::GetCurrentTimeNanos();
-    if (start == 0) {
-      start = now;
-    } else if (now - start >= spin_ns) {
-      break;
-    }
+    if (start == 0) start = now;
+    if (now - start >= spin_ns || now >= deadline_ns) break;
   }
   // Asleep, wake at least every second to let the caller re-check (a lost
   // wake-up never hangs). An application thread's sleep tells the spin
