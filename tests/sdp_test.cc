@@ -197,6 +197,22 @@ class SdpTest : public ::testing::TestWithParam<Param> {
     return 0;
   }
 
+  // An engine of this configuration with its own spin bounds, and a
+  // listener on it (the adaptive-spin tests); the listener is null, and
+  // the test has failed, if either could not be made.
+  std::pair<std::unique_ptr<Engine>, std::unique_ptr<Listener>> EngineWithSpin(SpinBounds spin) {
+    EngineOptions eo;
+    eo.fabric = GetParam().config;
+    eo.spin = spin;
+    auto engine = Engine::Create(eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return {};
+    auto l = (*engine)->Listen("", Options());
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return {};
+    return {std::move(*engine), std::move(*l)};
+  }
+
   std::unique_ptr<Connection> AcceptOne() {
     auto c = listener_->Accept(Deadline());
     EXPECT_TRUE(c.ok()) << c.status();
@@ -704,15 +720,10 @@ TEST_P(SdpTest, ProgressThreadFiresReadinessWhileTheAppSleeps) {
 // the thread slept, grows the engine's spin; receives that time out halve
 // it, down to the floor.
 TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
-  EngineOptions eo;
-  eo.fabric = GetParam().config;
-  eo.spin = SpinBounds{1'000'000, 50'000'000};
-  auto engine = Engine::Create(eo);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  EXPECT_EQ((*engine)->stats().spin_ns, 1'000'000);
-  auto l = (*engine)->Listen("", Options());
-  ASSERT_TRUE(l.ok()) << l.status();
-  const std::string address = (*l)->address();
+  auto [engine, l] = EngineWithSpin({1'000'000, 50'000'000});
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(engine->stats().spin_ns, 1'000'000);
+  const std::string address = l->address();
   // The child echoes each byte 5 ms after it came, until end of stream.
   pid_t child = Spawn([&] {
     auto e = Engine::Create({GetParam().config, false});
@@ -729,7 +740,7 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
     }
     return 0;
   });
-  auto c = (*l)->Accept(Deadline());
+  auto c = l->Accept(Deadline());
   ASSERT_TRUE(c.ok()) << c.status();
   auto timed_out_recv = [&] {
     uint8_t b;
@@ -738,11 +749,11 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
   };
   // Whatever setting up taught it, timeouts bring it to the floor.
   for (int i = 0; i < 8; ++i) timed_out_recv();
-  ASSERT_EQ((*engine)->stats().spin_ns, 1'000'000);
+  ASSERT_EQ(engine->stats().spin_ns, 1'000'000);
   // Round trips until one receive slept (a 1 ms spin preempted past 5 ms
   // finds the reply spinning and teaches nothing).
-  const uint64_t sleeps = (*engine)->stats().leader_sleeps;
-  for (int i = 0; i < 20 && (*engine)->stats().leader_sleeps == sleeps; ++i) {
+  const uint64_t sleeps = engine->stats().leader_sleeps;
+  for (int i = 0; i < 20 && engine->stats().leader_sleeps == sleeps; ++i) {
     uint8_t b = static_cast<uint8_t>(i + 1);
     ASSERT_TRUE((*c)->Send(&b, 1, 0, Deadline()).ok());
     uint8_t back = 0;
@@ -751,16 +762,16 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
     ASSERT_EQ(*r, 1u);
     EXPECT_EQ(back, b);
   }
-  ASSERT_GT((*engine)->stats().leader_sleeps, sleeps) << "no receive slept in 20 round trips";
+  ASSERT_GT(engine->stats().leader_sleeps, sleeps) << "no receive slept in 20 round trips";
   // At least doubled: the reply came within the ceiling. (By how much
   // more depends on when the wait began against the child's 5 ms, which a
   // loaded machine moves; AdaptiveSpin's own test checks the rule.)
-  const int64_t grown = (*engine)->stats().spin_ns;
+  const int64_t grown = engine->stats().spin_ns;
   EXPECT_GE(grown, 2'000'000) << "a reply found about 5 ms into a receive that slept after "
                                  "1 ms did not grow the spin";
   EXPECT_LE(grown, 50'000'000);
   timed_out_recv();
-  EXPECT_LE((*engine)->stats().spin_ns, grown / 2);
+  EXPECT_LE(engine->stats().spin_ns, grown / 2);
   // End of stream both ways (the child's close needs this side's progress).
   ASSERT_TRUE((*c)->Shutdown(SHUT_WR).ok());
   uint8_t b;
@@ -774,14 +785,9 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
 // large spin_max_us allows), a receive with a 20 ms timeout and nothing to
 // read returns well before the spin would have ended.
 TEST_P(SdpTest, ALongSpinEndsAtTheCallersDeadline) {
-  EngineOptions eo;
-  eo.fabric = GetParam().config;
-  eo.spin = SpinBounds{300'000'000, 300'000'000};
-  auto engine = Engine::Create(eo);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto l = (*engine)->Listen("", Options());
-  ASSERT_TRUE(l.ok()) << l.status();
-  const std::string address = (*l)->address();
+  auto [engine, l] = EngineWithSpin({300'000'000, 300'000'000});
+  ASSERT_NE(l, nullptr);
+  const std::string address = l->address();
   pid_t child = Spawn([&] {  // connects, then waits for the end of stream
     auto e = Engine::Create({GetParam().config, false});
     CHILD_OK(e.status());
@@ -793,7 +799,7 @@ TEST_P(SdpTest, ALongSpinEndsAtTheCallersDeadline) {
     CHILD_CHECK(*r == 0);
     return 0;
   });
-  auto c = (*l)->Accept(Deadline());
+  auto c = l->Accept(Deadline());
   ASSERT_TRUE(c.ok()) << c.status();
   uint8_t b;
   const absl::Time t0 = absl::Now();
