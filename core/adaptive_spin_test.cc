@@ -88,13 +88,14 @@ class PushCq final : public CompletionQueue {
 // 50 ms ceiling (milliseconds, so that a loaded machine's wake-ups stay
 // well inside the bands): a wait that sleeps grows the spin; waits that
 // time out bring it back to the floor. (A wait whose 1 ms spin was
-// preempted past 5 ms finds the reply spinning and teaches nothing: the
-// test repeats until one slept.)
+// preempted past 5 ms finds the completion spinning, and one that a loaded
+// machine woke past the ceiling finds it too late; neither teaches
+// anything, and the test repeats until the spin grew.)
 TEST(AdaptiveSpin, ACompletionQueuesWaitLearnsHowSoonItsCompletionsCome) {
   PushCq cq(1'000'000, 50'000'000);
   ASSERT_EQ(cq.spin_budget_ns(), 1'000'000);
   Completion out[1];
-  for (int attempt = 0; attempt < 20 && cq.wait_sleeps() == 0; ++attempt) {
+  for (int attempt = 0; attempt < 20 && cq.spin_budget_ns() == 1'000'000; ++attempt) {
     std::thread pusher([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       Completion c;
@@ -107,7 +108,7 @@ TEST(AdaptiveSpin, ACompletionQueuesWaitLearnsHowSoonItsCompletionsCome) {
     ASSERT_EQ(*n, 1u);
     EXPECT_EQ(out[0].context, 42u);
   }
-  ASSERT_EQ(cq.wait_sleeps(), 1u) << "no wait slept in 20: the 1 ms spin always ran 5 ms";
+  ASSERT_GE(cq.wait_sleeps(), 1u) << "no wait slept in 20: the 1 ms spin always ran 5 ms";
   // At least doubled (the completion came within the ceiling); by how much
   // more depends on when the pusher's 5 ms began against the wait, which a
   // loaded machine moves (the rule itself is checked above).
