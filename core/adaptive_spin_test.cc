@@ -21,8 +21,7 @@ TEST(AdaptiveSpin, StartsAtTheFloorAndGrowsWhenASleepEndedWithinTheCeiling) {
   // would have caught it; doubling gives 40.
   spin.Slept(26 * kUs, true);
   EXPECT_EQ(spin.budget_ns(), 40 * kUs);
-  // 70 us: at least 5/4 of it, more than doubling's 80? No: 80 > 87.5 is
-  // false, so 87.5.
+  // 70 us: 5/4 of it (87.5) is more than doubling (80).
   spin.Slept(70 * kUs, true);
   EXPECT_EQ(spin.budget_ns(), 87'500);
   // Never past the ceiling.

@@ -180,8 +180,9 @@ class CompletionQueue {
   // spin_max_us to how soon this CQ's waits find their completions
   // (core/adaptive_spin.h).
   absl::StatusOr<size_t> Wait(std::span<Completion> out, absl::Duration timeout);
-  // How long the next Wait spins, and how many Waits spun out and went on
-  // to sleep (for tests and statistics).
+  // How long the next Wait spins, and how many Waits spun out without
+  // finding anything (and slept, unless Arm found work already pending),
+  // for tests and statistics.
   int64_t spin_budget_ns() const { return spin_.budget_ns(); }
   uint64_t wait_sleeps() const { return wait_sleeps_.load(std::memory_order_relaxed); }
 
