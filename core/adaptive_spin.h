@@ -43,11 +43,18 @@
 
 namespace zsock {
 
+// A spin's floor (where it starts) and ceiling, in nanoseconds;
+// ConfiguredSpin (core/config.h) reads them from spin_us and spin_max_us.
+struct SpinBounds {
+  int64_t floor_ns;
+  int64_t ceiling_ns;
+};
+
 class AdaptiveSpin {
  public:
-  AdaptiveSpin(int64_t floor_ns, int64_t ceiling_ns)
-      : floor_(std::max<int64_t>(floor_ns, 0)),
-        ceiling_(std::max(ceiling_ns, floor_)),
+  explicit AdaptiveSpin(SpinBounds bounds)
+      : floor_(std::max<int64_t>(bounds.floor_ns, 0)),
+        ceiling_(std::max(bounds.ceiling_ns, floor_)),
         budget_(floor_) {}
 
   // How long the next wait spins.

@@ -15,7 +15,7 @@ namespace {
 constexpr int64_t kUs = 1000;
 
 TEST(AdaptiveSpin, StartsAtTheFloorAndGrowsWhenASleepEndedWithinTheCeiling) {
-  AdaptiveSpin spin(20 * kUs, 100 * kUs);
+  AdaptiveSpin spin({20 * kUs, 100 * kUs});
   EXPECT_EQ(spin.budget_ns(), 20 * kUs);
   // A reply found 26 us into the wait (it slept after 20): a 33 us spin
   // would have caught it; doubling gives 40.
@@ -30,7 +30,7 @@ TEST(AdaptiveSpin, StartsAtTheFloorAndGrowsWhenASleepEndedWithinTheCeiling) {
 }
 
 TEST(AdaptiveSpin, ShrinksOnTimeoutsAndSlowlyOnLongSleeps) {
-  AdaptiveSpin spin(20 * kUs, 100 * kUs);
+  AdaptiveSpin spin({20 * kUs, 100 * kUs});
   spin.Slept(90 * kUs, true);
   ASSERT_EQ(spin.budget_ns(), 100 * kUs);
   // Between the ceiling and twice it: the wake-up may have taken that long.
@@ -53,21 +53,21 @@ TEST(AdaptiveSpin, ShrinksOnTimeoutsAndSlowlyOnLongSleeps) {
 }
 
 TEST(AdaptiveSpin, ACeilingAtTheFloorKeepsTheSpinFixed) {
-  AdaptiveSpin fixed(20 * kUs, 20 * kUs);
+  AdaptiveSpin fixed({20 * kUs, 20 * kUs});
   fixed.Slept(25 * kUs, true);
   fixed.Slept(10 * kUs, false);
   EXPECT_EQ(fixed.budget_ns(), 20 * kUs);
   // A ceiling below the floor is the floor (spin_max_us < spin_us).
-  AdaptiveSpin below(20 * kUs, 5 * kUs);
+  AdaptiveSpin below({20 * kUs, 5 * kUs});
   EXPECT_EQ(below.ceiling_ns(), 20 * kUs);
   below.Slept(25 * kUs, true);
   EXPECT_EQ(below.budget_ns(), 20 * kUs);
   // spin_us = 0 with its default ceiling (five times it): never spins.
-  AdaptiveSpin none(0, 0);
+  AdaptiveSpin none({0, 0});
   none.Slept(5 * kUs, true);
   EXPECT_EQ(none.budget_ns(), 0);
   // A zero floor with a ceiling grows from 10 us.
-  AdaptiveSpin zero(0, 100 * kUs);
+  AdaptiveSpin zero({0, 100 * kUs});
   zero.Slept(1 * kUs, true);
   EXPECT_EQ(zero.budget_ns(), 10 * kUs);
 }
@@ -75,7 +75,7 @@ TEST(AdaptiveSpin, ACeilingAtTheFloorKeepsTheSpinFixed) {
 // A CQ with a wake eventfd only: a completion comes from Push.
 class PushCq final : public CompletionQueue {
  public:
-  PushCq(int64_t floor_ns, int64_t ceiling_ns) : CompletionQueue(floor_ns, ceiling_ns) {}
+  explicit PushCq(SpinBounds spin) : CompletionQueue(spin) {}
   int wait_fd() const override { return wake_fd(); }
 
  protected:
@@ -91,7 +91,7 @@ class PushCq final : public CompletionQueue {
 // machine woke past the ceiling finds it too late; neither teaches
 // anything, and the test repeats until the spin grew.)
 TEST(AdaptiveSpin, ACompletionQueuesWaitLearnsHowSoonItsCompletionsCome) {
-  PushCq cq(1'000'000, 50'000'000);
+  PushCq cq({1'000'000, 50'000'000});
   ASSERT_EQ(cq.spin_budget_ns(), 1'000'000);
   Completion out[1];
   for (int attempt = 0; attempt < 20 && cq.spin_budget_ns() == 1'000'000; ++attempt) {

@@ -13,10 +13,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/adaptive_spin.h"
 
 namespace zsock {
 
@@ -78,10 +79,6 @@ std::map<std::string, std::string> ZsockEnvironment();
 // A blocking wait's spin (core/adaptive_spin.h) from the global
 // configuration's spin_us (floor) and spin_max_us (ceiling), in
 // nanoseconds; the defaults when the configuration did not load.
-struct SpinBounds {
-  int64_t floor_ns;
-  int64_t ceiling_ns;
-};
 SpinBounds ConfiguredSpin();
 
 }  // namespace zsock

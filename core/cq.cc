@@ -33,11 +33,10 @@ thread_local DirectSink* t_sink = nullptr;
 
 }  // namespace
 
-CompletionQueue::CompletionQueue()
-    : CompletionQueue(ConfiguredSpin().floor_ns, ConfiguredSpin().ceiling_ns) {}
+CompletionQueue::CompletionQueue() : CompletionQueue(ConfiguredSpin()) {}
 
-CompletionQueue::CompletionQueue(int64_t spin_floor_ns, int64_t spin_ceiling_ns)
-    : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin_floor_ns, spin_ceiling_ns) {
+CompletionQueue::CompletionQueue(SpinBounds spin)
+    : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin) {
   if (wake_fd_ < 0) {
     ZS_LOG(kError, "eventfd for a completion queue failed (%s): cross-thread wakeups are lost",
            std::strerror(errno));

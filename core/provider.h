@@ -165,9 +165,8 @@ struct Completion {
 class CompletionQueue {
  public:
   CompletionQueue();
-  // With its own spin bounds instead of spin_us / spin_max_us
-  // (AdaptiveSpin's floor and ceiling, in nanoseconds).
-  CompletionQueue(int64_t spin_floor_ns, int64_t spin_ceiling_ns);
+  // With its own spin bounds instead of spin_us / spin_max_us.
+  explicit CompletionQueue(SpinBounds spin);
   virtual ~CompletionQueue();
 
   // Moves up to out.size() completions into `out`, driving progress first.

@@ -30,7 +30,7 @@ absl::Duration Until(absl::Time deadline) {
 
 }  // namespace
 
-Engine::Engine(SpinBounds spin) : spin_(spin.floor_ns, spin.ceiling_ns) {}
+Engine::Engine(SpinBounds spin) : spin_(spin) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   std::string spec = options.fabric;
