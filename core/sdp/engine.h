@@ -39,7 +39,6 @@
 #include "core/mutex.h"
 #include "absl/time/time.h"
 #include "core/adaptive_spin.h"
-#include "core/config.h"
 #include "core/fd.h"
 #include "core/sdp/deadline.h"
 #include "core/provider.h"
