@@ -37,6 +37,12 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
        "registration cache: most bytes kept registered while unused", {}, 0},
       {"rcache_max_entries", ConfigType::kInt, "4096",
        "registration cache: most unused registrations kept", {}, 0, 1 << 24},
+      {"data_copy", ConfigType::kEnum, "auto",
+       "bulk copies of the data path whose destination is 1-31 bytes past the "
+       "source modulo 64: auto (copied backwards with AVX2 on AMD processors, "
+       "where glibc's rep movsb runs them at 2-3 GB/s), on (on any x86-64 with "
+       "AVX2) or off (memcpy always); core/copy.h",
+       {"auto", "on", "off"}},
       {"memhooks", ConfigType::kBool, "on",
        "intercept free/munmap/... to invalidate registrations (read from "
        "ZSOCK_MEMHOOKS at start-up only)"},

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/copy.h"
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/status.h"
@@ -174,7 +175,7 @@ void Emulation::Serve(std::span<const uint8_t> msg) {
           if (op == OpType::kRead) {
             data.assign(static_cast<uint8_t*>(target), static_cast<uint8_t*>(target) + len);
           } else if (op == OpType::kWrite) {
-            if (len > 0) std::memcpy(target, payload.data(), len);
+            if (len > 0) CopyBytes(target, payload.data(), len);
           } else {
             auto* word = static_cast<uint64_t*>(target);
             uint64_t old;
@@ -247,7 +248,7 @@ void Emulation::Finish(std::span<const uint8_t> msg) {
                            "emulated read returned the wrong number of bytes",
                            "peers must run the same zsock version");
     } else {
-      if (p.len > 0) std::memcpy(p.local, payload.data(), p.len);
+      if (p.len > 0) CopyBytes(p.local, payload.data(), p.len);
       c.length = p.len;
     }
   } else if (p.op == OpType::kWrite) {

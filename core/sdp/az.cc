@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/copy.h"
 #include "core/log.h"
 #include "core/memhooks.h"
 #include "core/sdp/az_guard.h"
@@ -157,7 +158,7 @@ bool ConnState::AzMove(AzSrc& s) {
     copy->base = nullptr;
     return false;
   }
-  std::memcpy(copy->base, reinterpret_cast<const void*>(s.addr), s.len);
+  CopyBytes(copy->base, reinterpret_cast<const void*>(s.addr), s.len);
   auto r = ep->fabric()->RegisterMemory(copy->base, s.len, kLocalRead | kRemoteRead);
   if (!r.ok()) {
     ZS_LOG(kInfo, "sdp: AZ-SDP copy-on-write cannot register its copy (%s); waiting instead",

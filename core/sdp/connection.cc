@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/config.h"
+#include "core/copy.h"
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/rcache.h"
@@ -1056,7 +1057,7 @@ size_t ConnState::AppendData(const uint8_t* p, size_t n) {
       tail = &dataq.back();
     }
     size_t k = std::min(n, tx_size - wire::kHeaderSize - tail->payload);
-    std::memcpy(SlotPtr(tail->slot) + wire::kHeaderSize + tail->payload, p, k);
+    CopyBytes(SlotPtr(tail->slot) + wire::kHeaderSize + tail->payload, p, k);
     tail->payload += k;
     queued_data_bytes += k;
     p += k;
@@ -1533,7 +1534,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         }
         if (s.kind == RxSeg::kData) {
           size_t k = std::min(avail, cur.space());
-          std::memcpy(cur.ptr(), s.data + start, k);
+          CopyBytes(cur.ptr(), s.data + start, k);
           cur.Advance(k);
           copied += k;
           if (peek) {

@@ -42,6 +42,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/clock.h"
+#include "core/copy.h"
 #include "core/keyslot.h"
 #include "core/fd.h"
 #include "core/accept.h"
@@ -1006,7 +1007,7 @@ class UnetEndpoint final : public Endpoint {
             return published;
           }
           chunk = std::min<size_t>(bufsize, ps.len - ps.offset);
-          std::memcpy(p_.tx.get() + p_.tx_layout.buffers + size_t{idx} * bufsize,
+          CopyBytes(p_.tx.get() + p_.tx_layout.buffers + size_t{idx} * bufsize,
                       ps.data + ps.offset, chunk);
           d->buf = idx;
         }
@@ -1163,7 +1164,7 @@ class UnetEndpoint final : public Endpoint {
         MarkDeadLocked(ProtocolError("message longer than announced"));
         return n;
       }
-      if (!user_in_.truncated && c.len > 0) std::memcpy(r.buf + user_in_.got, c.data, c.len);
+      if (!user_in_.truncated && c.len > 0) CopyBytes(r.buf + user_in_.got, c.data, c.len);
       user_in_.got += c.len;
       rx_user_.Release(d);
       if (!(c.flags & kInlineData)) ReturnBuffer(false, c.buf);

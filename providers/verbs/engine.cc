@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/copy.h"
 #include "core/log.h"
 #include "core/status.h"
 
@@ -317,7 +318,7 @@ absl::Status Engine::Post(Op* op) {
     EncodeHeader(op->header, slot);
     const size_t body = op->kind == Op::kRts ? kRtsBodySize : op->header.length;
     const uint8_t* src = op->kind == Op::kRts ? op->rts_body : op->src;
-    if (body > 0) std::memcpy(slot + kHeaderSize, src, body);
+    if (body > 0) CopyBytes(slot + kHeaderSize, src, body);
     wr.kind = WrKind::kSend;
     wr.local_addr = reinterpret_cast<uint64_t>(slot);
     wr.length = static_cast<uint32_t>(kHeaderSize + body);
@@ -578,7 +579,7 @@ void Engine::HandleMatch(Match m, EngineOutput* out) {
     return;
   }
   if (!m.msg.rendezvous) {
-    if (!m.msg.data.empty()) std::memcpy(m.recv.buf, m.msg.data.data(), m.msg.data.size());
+    if (!m.msg.data.empty()) CopyBytes(m.recv.buf, m.msg.data.data(), m.msg.data.size());
     out->completions.push_back(Done(OpType::kRecv, context, absl::OkStatus(), m.msg.data.size()));
     return;
   }
