@@ -94,6 +94,11 @@ case "$level" in
   *) echo "compare_providers: --level=$level: provider or sdp" >&2; exit 2 ;;
 esac
 bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench || exit 1
+# The idle Bazel server's JVM keeps working for a while after a build
+# (garbage collection: 36-56 ms of CPU in a 0.4 s benchmark point, seen
+# with perf sched), which on two cores lands beside a pinned benchmark
+# process. Stop it before measuring; the next bazel command restarts it.
+bazel shutdown
 bench=$(pwd)/bazel-bin/bench/provider_bench
 sdp_bench=$(pwd)/bazel-bin/bench/zsock_bench
 tmp=$(mktemp -d)

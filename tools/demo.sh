@@ -13,6 +13,11 @@ out="${1:-demo-results}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 bazel build -c opt --config=ci //bench:zsock_bench
+# The idle Bazel server's JVM keeps working for a while after a build
+# (garbage collection: 36-56 ms of CPU in a 0.4 s benchmark point, seen
+# with perf sched), which on two cores lands beside a pinned benchmark
+# process. Stop it before measuring; the next bazel command restarts it.
+bazel shutdown
 bench=bazel-bin/bench/zsock_bench
 sizes=8,64,1024,4096,65536,1048576
 "$bench" --test=pingpong --provider=unet --mode=all --sizes="$sizes" --baseline=tcp \

@@ -37,6 +37,11 @@ done
 bash tools/install_deps.sh
 bazel build -c opt --config=ci //bench:zsock_bench //bench:provider_bench \
   //bench:socket_ops_bench //bench:endpoint_ops_bench
+# The idle Bazel server's JVM keeps working for a while after a build
+# (garbage collection: 36-56 ms of CPU in a 0.4 s benchmark point, seen
+# with perf sched), which on two cores lands beside a pinned benchmark
+# process. Stop it before measuring; the next bazel command restarts it.
+bazel shutdown
 bench=bazel-bin/bench/zsock_bench
 
 if [ "$quick" = 1 ]; then
