@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/harness.h"
+#include "bench/placement.h"
 #include "bench/plot.h"
 
 ABSL_FLAG(std::string, test, "",
@@ -124,10 +125,23 @@ int Main(int argc, char** argv) {
     std::printf("# note: server and clients share core %d: expect inflated latencies\n",
                 options->server_core);
   }
+  // Where the VM's vCPUs sit now (bench/placement.h), before and after.
+  auto print_crossing = [&](const char* when) {
+    if (options->server_core == options->client_core) return;
+    auto ns = LineTransferNs(options->server_core, options->client_core);
+    if (ns.ok()) {
+      std::printf("# %s the run: a cache line crosses between cores %d and %d in %.0f ns\n",
+                  when, options->server_core, options->client_core, *ns);
+    } else {
+      std::printf("# %s the run: %s\n", when, std::string(ns.status().message()).c_str());
+    }
+  };
+  print_crossing("before");
   std::fflush(stdout);
 
   BenchResult result = RunBench(*options);
   std::printf("%s", FormatTable(options->test, result.records).c_str());
+  print_crossing("after");
   if (TestMetric(options->test) == Metric::kLatency) {
     std::printf("# latency = one-way (round trip / 2) for pingpong and hotspot, whole "
                 "connection cycle for connect; GB/s = 10^9 payload bytes/s\n");
