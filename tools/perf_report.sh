@@ -51,7 +51,9 @@ if [ "$quick" = 1 ]; then
   sdp_prov_args=(--sizes=64 --iters=5000 --repeat=1)
   ops_reps=2
   msgrate_iters=10000
+  stream_bytes=268435456
 else
+  stream_bytes=1073741824
   sizes=8,64,1024,4096,65536,1048576
   peer_sizes=8,64,512,4K,64K,1M
   prov_args=()
@@ -77,8 +79,11 @@ run() {  # name, then the command; keeps its stdout for the page
 
 run pingpong "$bench" --test=pingpong --provider=unet --mode=all --sizes="$sizes" \
   --baseline=tcp --json="$out/pingpong.json" --plot="$out"
+# stream: 1 GiB per point (256 MiB with --quick): the default 256 MiB at
+# 1 MiB lasted 20-80 ms, within one of the VM's spells (unet 1 MiB bcopy
+# ran 5.0-5.2 GB/s four times in a row, then 10.6-13.3 four times).
 run stream "$bench" --test=stream --provider=unet --mode=all --sizes="$sizes" \
-  --baseline=tcp --json="$out/stream.json" --plot="$out"
+  --bytes="$stream_bytes" --baseline=tcp --json="$out/stream.json" --plot="$out"
 # msgrate: 500,000 messages per point (100,000 with --quick); at 5 M/s the
 # default 100,000 lasted 20 ms, within one of the VM's scheduling spells.
 run msgrate "$bench" --test=msgrate --provider=unet --mode=bcopy --sizes=8,64 \
@@ -87,7 +92,7 @@ run msgrate "$bench" --test=msgrate --provider=unet --mode=bcopy --sizes=8,64 \
 # threshold lowered to it (the default is 128K).
 mkdir -p "$out/az"
 run azstream env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=stream --provider=unet \
-  --mode=all --sizes=65536,1048576 --baseline=tcp --json="$out/az/stream.json" --plot="$out/az"
+  --mode=all --sizes=65536,1048576 --bytes="$stream_bytes" --baseline=tcp --json="$out/az/stream.json" --plot="$out/az"
 # What AZ-SDP and zcopy pull with on unet, measured alone: RDMA reads
 # (process_vm_readv) between two pinned processes, no SDP protocol around
 # them (docs/azsdp.md, "Against the targets").
