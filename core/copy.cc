@@ -21,10 +21,10 @@ bool HaveBackwardCopy() {
   return __builtin_cpu_supports("avx2");
 }
 
-// From the end towards the start, 128 bytes a step: each step's loads are
-// below every store made so far, so none of them waits on a store to the
-// same address modulo 4 KiB (the aliasing that stalls forward copies when
-// the destination is a little past the source). The first n % 128 bytes
+// From the end towards the start, 128 bytes a step: each step loads below
+// the stores just made, so no load waits on a recent store to the same
+// address modulo 4 KiB (the aliasing that stalls forward copies when the
+// destination is a little past the source). The first n % 128 bytes
 // go last, through memcpy (a short copy, below rep movsb's threshold).
 __attribute__((target("avx2"))) void CopyBackward(void* dst, const void* src, size_t n) {
   auto* d = static_cast<uint8_t*>(dst);
@@ -76,7 +76,8 @@ size_t BackwardLimit() {
     const size_t n = LimitFor(choice);
     if (n > 0) {
       ZS_LOG(kInfo, "data_copy=%s: copies of 2 KiB to %zu bytes whose destination is 1-31 "
-             "bytes past the source modulo 64 go backwards (core/copy.h)", choice, n);
+             "bytes past the source modulo 64 (from 24 KiB also 33-63) go backwards "
+             "(core/copy.h)", choice, n);
     }
     return n;
   }();
