@@ -55,6 +55,11 @@
 # and the highest of those ratios, so a ratio near a target can be read
 # with its spread. "ratio" divides two medians that may come from
 # different spells; "paired" compares like with like (round_stats).
+# "steady" is "paired" over the rounds whose placement held: line_probe
+# (bench/placement.h) times a cache line crossing between the two cores
+# before zsock's run and after the peer's, and a round is kept when the
+# two agree within 1.3x; "kept" says how many rounds that was (steady_stats).
+# Each configuration's probes follow its rows.
 #
 # Bandwidth, in 10^6 bytes per second, is measured the way each peer tool
 # measures it: against fi_pingpong, ping-pong bandwidth (size / one-way
@@ -78,7 +83,7 @@ for arg in "$@"; do
     --configs=*) configs=${arg#*=} ;;
     --repeat=*) repeat=${arg#*=} ;;
     --level=*) level=${arg#*=} ;;
-    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,68p' "$0"; exit 0 ;;
     *) echo "compare_providers: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -93,7 +98,7 @@ case "$level" in
   provider|sdp) ;;
   *) echo "compare_providers: --level=$level: provider or sdp" >&2; exit 2 ;;
 esac
-bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench || exit 1
+bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench //bench:line_probe || exit 1
 # The idle Bazel server's JVM keeps working for a while after a build
 # (garbage collection: 36-56 ms of CPU in a 0.4 s benchmark point, seen
 # with perf sched), which on two cores lands beside a pinned benchmark
@@ -101,6 +106,7 @@ bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench || exi
 bazel shutdown
 bench=$(pwd)/bazel-bin/bench/provider_bench
 sdp_bench=$(pwd)/bazel-bin/bench/zsock_bench
+line_probe=$(pwd)/bazel-bin/bench/line_probe
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -221,6 +227,32 @@ round_stats() {  # SIZE C
     END { if (bad || n < 2) print "- -"; else printf "%.2fx %.2f-%.2f\n", v[int((n + 1) / 2)], v[1], v[n] }'
 }
 
+# The VM's placement of the two cores now: how long a cache line takes to
+# cross between them, in ns (bench/placement.h), or "-".
+probe() { "$line_probe" "$server_core,$client_core" 2>/dev/null || echo -; }
+
+# Like round_stats, over the steady rounds only: those whose line-crossing
+# probes before zsock and after the peer agree within 1.3x (the VM kept its
+# placement, as far as two samples can tell). "MEDIAN K/N" ("1.08x 7/9"),
+# "- K/N" with fewer than two such rounds.
+steady_stats() {  # SIZE C
+  local z p
+  z=$(awk -v k="$1" '$1 == k { print $4 }' "$tmp/zs.all")
+  p=$(awk -v k="$1" -v c="$2" '$1 == k { print $c }' "$tmp/peer.all")
+  if [ -z "$z" ] || [ "$(wc -l <<<"$z")" != "$(wc -l <<<"$p")" ] ||
+     [ "$(wc -l <<<"$z")" != "$(wc -l <"$tmp/probe.all")" ]; then echo "- -"; return; fi
+  paste <(echo "$z") <(echo "$p") "$tmp/probe.all" | awk '
+    { n++ }
+    $3 + 0 > 0 && $4 + 0 > 0 && $1 + 0 > 0 && $2 + 0 > 0 {
+      hi = $3 > $4 ? $3 : $4; lo = $3 > $4 ? $4 : $3
+      if (hi <= 1.3 * lo) print $1 / $2
+    }
+    END { print "n", n }' | sort -g | awk '
+    $1 == "n" { total = $2; next }
+    { v[++k] = $1 }
+    END { if (k < 2) printf "- %d/%d\n", k, total; else printf "%.2fx %d/%d\n", v[int((k + 1) / 2)], k, total }'
+}
+
 # zsock CONFIG: one run over every size, appending "size p50 p99 avg
 # pp_MBps stream_MBps" lines to $tmp/zs.all.
 # --level=sdp: zsock_bench's ping-pong instead, its JSON turned into the
@@ -269,7 +301,7 @@ echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC'); load: $(cut -d' ' -f1-3 /proc/l
 echo "sizes $sizes; $iters round trips (fewer from 64 KiB); server on core $server_core, client on core $client_core; busy polling; median of $repeat interleaved rounds"
 echo
 rows=()
-row() { rows+=("$(printf '%-14s %-12s %8s | %8s %8s %6s %6s %10s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
+row() { rows+=("$(printf '%-14s %-12s %8s | %8s %8s %6s %6s %10s %6s %5s | %8s %8s %6s | %9s %9s %6s' "$@")"); }
 fmt() { awk -v a="$1" 'BEGIN { if (a == "" || a == "-") print "-"; else printf "%.2f", a }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b == 0) print "-"; else printf "%.2fx", a / b }'; }
 
@@ -289,10 +321,11 @@ for cfg in "${cfgs[@]}"; do
   esac
   # Interleaved: each round runs zsock once and then the peer at every
   # size, so that both see the same spells of the VM's scheduling.
-  : >"$tmp/zs.all"; : >"$tmp/peer.all"; rm -f "$tmp/peer.na"
+  : >"$tmp/zs.all"; : >"$tmp/peer.all"; : >"$tmp/probe.all"; rm -f "$tmp/peer.na"
   zs_ok=1
   for r in $(seq "$repeat"); do
     echo "round $r/$repeat: zsock $zs, $peer ($cfg) ..." >&2
+    before=$(probe)
     if [ "$zs_ok" = 1 ] && ! zs_run "$zs"; then
       zs_ok=0
       zs_reason=$(grep -v '^$' "$tmp/zs.err" | grep -E '(provider|zsock)_bench:' | head -1 | sed -E 's/^(provider|zsock)_bench: //' | cut -c1-100)
@@ -301,6 +334,7 @@ for cfg in "${cfgs[@]}"; do
     for size in "${size_list[@]}"; do
       [ -e "$tmp/peer.na" ] || peer_run "$size"
     done
+    echo "$before $(probe)" >>"$tmp/probe.all"
   done
   for size in "${size_list[@]}"; do
     zp50=-; zavg=-; zpp=-; zstream=-
@@ -314,12 +348,14 @@ for cfg in "${cfgs[@]}"; do
     [ -e "$tmp/peer.na" ] && note=$(cat "$tmp/peer.na")
     if [ "$peer" = fi_pingpong ]; then
       read -r paired spread <<<"$(round_stats "$size" 2)"
+      read -r steady kept <<<"$(steady_stats "$size" 2)"
       pavg=$(col_median "$tmp/peer.all" "$size" 2)
       ppbw=$(col_median "$tmp/peer.all" "$size" 3)
       pp50="-"
       zbw=$zpp
     else
       read -r paired spread <<<"$(round_stats "$size" 3)"
+      read -r steady kept <<<"$(steady_stats "$size" 3)"
       pp50=$(col_median "$tmp/peer.all" "$size" 2)
       pavg=$(col_median "$tmp/peer.all" "$size" 3)
       rate=$(col_median "$tmp/peer.all" "$size" 5)
@@ -327,18 +363,21 @@ for cfg in "${cfgs[@]}"; do
       zbw=$zstream
     fi
     if [ "$level" = sdp ]; then zbw=-; ppbw=-; fi
-    [ "$zs_ok" = 1 ] || { spread=-; paired=-; }
+    [ "$zs_ok" = 1 ] || { spread=-; paired=-; steady=-; kept=-; }
     row "$cfg" "$peer" "$size" "$(fmt "$zavg")" "$(fmt "$pavg")" "$(ratio "$zavg" "$pavg")" "$paired" "$spread" \
+        "$steady" "$kept" \
         "$(fmt "$zp50")" "$(fmt "$pp50")" "$(ratio "$zp50" "$pp50")" \
         "$(fmt "$zbw")" "$(fmt "$ppbw")" "$(ratio "$zbw" "$ppbw")"
     [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
     [ -z "$note" ] || rows+=("    $peer: $note")
   done
+  rows+=("    line crossing (ns), before zsock / after $peer, per round: $(awk '{ printf "%s%s/%s", (NR > 1 ? " " : ""), $1, $2 }' "$tmp/probe.all")")
 done
 
 echo "one-way latency (us), average and median (fi_pingpong reports no median); ratios are zsock / peer"
 echo "paired: the median over the rounds of the average's ratio within each round; rounds: its lowest-highest"
+echo "steady: paired over the rounds whose cache-line crossing between the two cores (bench/placement.h), probed before zsock and after the peer, agreed within 1.3x; kept: how many of all"
 echo "bandwidth (10^6 B/s): ofi rows ping-pong (size / one-way latency), ucx rows streaming with $window outstanding"
-printf '%-14s %-12s %8s | %8s %8s %6s %6s %10s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
-  zs_avg peer_avg ratio paired rounds zs_p50 peer_p50 ratio zs_bw peer_bw ratio
+printf '%-14s %-12s %8s | %8s %8s %6s %6s %10s %6s %5s | %8s %8s %6s | %9s %9s %6s\n' config peer size \
+  zs_avg peer_avg ratio paired rounds steady kept zs_p50 peer_p50 ratio zs_bw peer_bw ratio
 for r in "${rows[@]}"; do echo "$r"; done
