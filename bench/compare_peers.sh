@@ -252,7 +252,7 @@ run_ucx() {
     result "$peer" lat_p50 "$size" "$p50"
     result "$peer" lat_avg "$size" "$avg"
     # Stream about as many bytes as zsock_bench's stream test does.
-    n=$(( 268435456 / size ))
+    n=$(( 1073741824 / size ))
     (( n > iters * 10 )) && n=$((iters * 10))
     (( n < 100 )) && n=100
     if ! final="$(ucx_final tag_bw "$size" "$n" "$tls" 2>"$work/ucx.err")"; then

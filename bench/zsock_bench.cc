@@ -41,7 +41,7 @@ ABSL_FLAG(std::string, streams, "", "multistream: concurrent streams (list)");
 ABSL_FLAG(int64_t, iters, 10000,
           "round trips per latency point at sizes <= 16K (fewer above); streaming points "
           "send at most 10x this many messages");
-ABSL_FLAG(int64_t, bytes, int64_t{256} << 20, "payload bytes per streaming point (capped)");
+ABSL_FLAG(int64_t, bytes, int64_t{1} << 30, "payload bytes per streaming point (capped)");
 ABSL_FLAG(int64_t, warmup, -1, "untimed round trips / messages per point (default 100, "
                                "at most a tenth of the point)");
 ABSL_FLAG(int64_t, inflight, 64, "msgrate: messages sent per acknowledgement");

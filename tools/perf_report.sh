@@ -79,9 +79,10 @@ run() {  # name, then the command; keeps its stdout for the page
 
 run pingpong "$bench" --test=pingpong --provider=unet --mode=all --sizes="$sizes" \
   --baseline=tcp --json="$out/pingpong.json" --plot="$out"
-# stream: 1 GiB per point (256 MiB with --quick): the default 256 MiB at
-# 1 MiB lasted 20-80 ms, within one of the VM's spells (unet 1 MiB bcopy
-# ran 5.0-5.2 GB/s four times in a row, then 10.6-13.3 four times).
+# stream: 1 GiB per point, zsock_bench's default (256 MiB with --quick):
+# the old default of 256 MiB at 1 MiB lasted 20-80 ms, within one of the
+# VM's spells (unet 1 MiB bcopy ran 5.0-5.2 GB/s four times in a row, then
+# 10.6-13.3 four times).
 run stream "$bench" --test=stream --provider=unet --mode=all --sizes="$sizes" \
   --bytes="$stream_bytes" --baseline=tcp --json="$out/stream.json" --plot="$out"
 # msgrate: 500,000 messages per point (100,000 with --quick); at 5 M/s the
