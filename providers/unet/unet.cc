@@ -1008,7 +1008,7 @@ class UnetEndpoint final : public Endpoint {
           }
           chunk = std::min<size_t>(bufsize, ps.len - ps.offset);
           CopyBytes(p_.tx.get() + p_.tx_layout.buffers + size_t{idx} * bufsize,
-                      ps.data + ps.offset, chunk);
+                    ps.data + ps.offset, chunk);
           d->buf = idx;
         }
         d->type = ps.type;
