@@ -15,6 +15,16 @@ col_median() {  # FILE KEY C
   awk -v k="$2" -v c="$3" '$1 == k { print $c }' "$1" | median
 }
 
+# "ZSOCK PEER" per round at SIZE: zsock's average (column 4 of zs.all)
+# beside column C of peer.all; fails unless both have a line in every round.
+round_pairs() {  # SIZE C
+  local z p
+  z=$(awk -v k="$1" '$1 == k { print $4 }' "$tmp/zs.all")
+  p=$(awk -v k="$1" -v c="$2" '$1 == k { print $c }' "$tmp/peer.all")
+  [ -n "$z" ] && [ "$(wc -l <<<"$z")" = "$(wc -l <<<"$p")" ] || return 1
+  paste <(echo "$z") <(echo "$p")
+}
+
 # zsock's average latency at SIZE over the peer's (column C of peer.all)
 # in the same round, over the rounds: "MEDIAN LO-HI" ("1.08x 1.02-1.31"),
 # or "- -" unless both sides have a number in every round (and at least
@@ -25,13 +35,11 @@ col_median() {  # FILE KEY C
 # far from what any single round shows, while a round (zsock, then the
 # peer, seconds apart) mostly sits inside one spell.
 round_stats() {  # SIZE C
-  local z p
-  z=$(awk -v k="$1" '$1 == k { print $4 }' "$tmp/zs.all")
-  p=$(awk -v k="$1" -v c="$2" '$1 == k { print $c }' "$tmp/peer.all")
-  if [ -z "$z" ] || [ "$(wc -l <<<"$z")" != "$(wc -l <<<"$p")" ]; then echo "- -"; return; fi
-  paste <(echo "$z") <(echo "$p") | awk '
+  local pairs
+  pairs=$(round_pairs "$1" "$2") || { echo "- -"; return; }
+  awk '
     $1 + 0 > 0 && $2 + 0 > 0 { print $1 / $2; next }
-    { print "bad" }' | sort -g | awk '
+    { print "bad" }' <<<"$pairs" | sort -g | awk '
     $1 == "bad" { bad = 1; next }
     { v[++n] = $1 }
     END { if (bad || n < 2) print "- -"; else printf "%.2fx %.2f-%.2f\n", v[int((n + 1) / 2)], v[1], v[n] }'
@@ -42,12 +50,10 @@ round_stats() {  # SIZE C
 # placement, as far as two samples can tell). "MEDIAN K/N" ("1.08x 7/9"),
 # "- K/N" with fewer than two such rounds.
 steady_stats() {  # SIZE C
-  local z p
-  z=$(awk -v k="$1" '$1 == k { print $4 }' "$tmp/zs.all")
-  p=$(awk -v k="$1" -v c="$2" '$1 == k { print $c }' "$tmp/peer.all")
-  if [ -z "$z" ] || [ "$(wc -l <<<"$z")" != "$(wc -l <<<"$p")" ] ||
-     [ "$(wc -l <<<"$z")" != "$(wc -l <"$tmp/probe.all")" ]; then echo "- -"; return; fi
-  paste <(echo "$z") <(echo "$p") "$tmp/probe.all" | awk '
+  local pairs
+  pairs=$(round_pairs "$1" "$2") || { echo "- -"; return; }
+  [ "$(wc -l <<<"$pairs")" = "$(wc -l <"$tmp/probe.all")" ] || { echo "- -"; return; }
+  paste <(echo "$pairs") "$tmp/probe.all" | awk '
     { n++ }
     $3 + 0 > 0 && $4 + 0 > 0 && $1 + 0 > 0 && $2 + 0 > 0 {
       hi = $3 > $4 ? $3 : $4; lo = $3 > $4 ? $4 : $3
