@@ -114,6 +114,18 @@ constexpr int64_t kLingerTickNs = 5 * 1000 * 1000;
 // what the peer announced before the connection is reported lost.
 constexpr int64_t kLingerNs = 1000 * 1000 * 1000;
 constexpr uint8_t kFinMarker = 0xf1;  // control message: graceful close
+// Control message (RDM over rxm): how many user messages this side's
+// receives have consumed so far (flow control, OfiEndpoint::SetFlow).
+constexpr uint8_t kCreditMarker = 0xc1;
+// User sends an endpoint over rxm hands to libfabric beyond what the peer
+// has reported consumed (option flow_window; 0: no limit). rxm keeps every
+// message that arrives before its receive is posted in a bounce buffer of
+// FI_OFI_RXM_BUFFER_SIZE bytes (16 KiB) and never pushes back: a sender
+// that outruns its peer grows the peer's memory without bound (300,000
+// messages of 8 bytes: 2.6-3.5 GB resident; 2,000,000: the OOM killer). With
+// the window, the peer holds at most this many such buffers (16 MiB), and
+// later sends wait in the sender's backlog, as sends that met EAGAIN do.
+constexpr size_t kDefaultFlowWindow = 1024;
 
 // ------------------------------------------------------------ errors
 
@@ -242,6 +254,7 @@ struct Settings {
   // 0: no timer, sleep until a socket or the wake fd says so).
   int64_t backstop_ns = kMaxBackstopNs;
   bool backstop_set = false;
+  size_t flow_window = kDefaultFlowWindow;  // option flow_window (rxm only)
   absl::Duration connect_timeout;
 };
 
@@ -285,6 +298,17 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
       }
       s.backstop_ns = int64_t{ms} * 1000 * 1000;
       s.backstop_set = true;
+    } else if (k == "flow_window") {
+      int n = -1;
+      if (!absl::SimpleAtoi(v, &n) || (n != 0 && (n < 4 || n > 1000000))) {
+        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                         absl::StrCat("ofi option flow_window=", v, " is not 0 or a number of "
+                                      "messages from 4 to 1000000"),
+                         "write e.g. flow_window=1024 (the default), or flow_window=0 to send "
+                         "without flow control (rxm then buffers whatever the peer has not "
+                         "received yet, without bound)");
+      }
+      s.flow_window = static_cast<size_t>(n);
     } else if (absl::StartsWith(k, "FI_")) {
       // libfabric reads FI_* parameters from the environment when a provider
       // initialises, once per process.
@@ -303,7 +327,7 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                        absl::StrCat("unknown ofi option '", k, "'"),
                        "ofi accepts iface=<domain> (e.g. lo, eth0), mr_local=on|off, cq_wait=fd|none|sockets, "
-                       "backstop_ms=<ms> and FI_* "
+                       "backstop_ms=<ms>, flow_window=<messages> and FI_* "
                        "libfabric parameters");
     }
   }
@@ -782,6 +806,13 @@ class OfiFabric final : public Fabric {
   // Sends up to this size go by fi_tinject and complete at once (0: none).
   size_t inject_size() const { return inject_size_; }
   bool msg() const { return msg_; }
+  // RDM endpoints over rxm window their user sends (kDefaultFlowWindow);
+  // 0 where the provider pushes back itself (shm's queues, MSG endpoints'
+  // sockets) or flow_window=0.
+  size_t flow_window() const {
+    if (msg_ || settings_.flow_window == 0) return 0;
+    return absl::StrContains(info_->fabric_attr->prov_name, "ofi_rxm") ? settings_.flow_window : 0;
+  }
   bool fi_wait_fd() const { return fi_wait_fd_; }
   bool wait_sockets() const { return wait_sockets_; }
   fi_info* MsgHints() const;
@@ -1336,6 +1367,16 @@ class OfiEndpoint final : public Endpoint {
     return absl::OkStatus();
   }
 
+  // Flow control (RDM over rxm, both sides agreeing in the hello): at most
+  // `window` of our user sends are with libfabric beyond what the peer has
+  // reported consumed; we report our consumption every quarter of the
+  // peer's window (`peer_window`), so that neither side can stall the other.
+  void SetFlow(uint32_t window, uint32_t peer_window) {
+    DomLock lock(&fab_->dom_mu());
+    flow_window_ = window;
+    report_every_ = std::max<uint64_t>(1, peer_window / 4);
+  }
+
   const EndpointInfo& info() const override { return info_; }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
@@ -1375,10 +1416,11 @@ class OfiEndpoint final : public Endpoint {
     {
       DomLock lock(&fab_->dom_mu());
       if (closed_ || dead_) return DownStatusLocked();
-      if (backlog_.empty()) {
+      if (backlog_.empty() && FlowOpenLocked()) {
         ssize_t rc = cep_ ? fi_inject(ep_, buf, len, 0) : fi_tinject(ep_, buf, len, peer_, kUserTag);
         if (rc == 0) {
           ++user_sent_ok_;
+          ++user_posted_;
           return absl::OkStatus();
         }
         if (rc != -FI_EAGAIN) {
@@ -1410,7 +1452,7 @@ class OfiEndpoint final : public Endpoint {
   absl::Status TryInject(const void* buf, size_t len, uint64_t context, bool* injected) {
     DomLock lock(&fab_->dom_mu());
     if (closed_ || dead_) return DownStatusLocked();
-    if (!backlog_.empty()) return absl::OkStatus();
+    if (!backlog_.empty() || !FlowOpenLocked()) return absl::OkStatus();
     ssize_t rc = fi_tinject(ep_, buf, len, peer_, kUserTag);
     if (rc == -FI_EAGAIN) return absl::OkStatus();
     if (rc != 0) {
@@ -1418,6 +1460,7 @@ class OfiEndpoint final : public Endpoint {
                      "the provider refused the operation; check sizes");
     }
     ++user_sent_ok_;
+    ++user_posted_;
     *injected = true;
     Completion& c = injected_.emplace_back();
     c.context = context;
@@ -1598,6 +1641,13 @@ class OfiEndpoint final : public Endpoint {
         if (len == 9 && r->owned[0] == kFinMarker) {
           fin_ = true;
           std::memcpy(&fin_count_, r->owned.data() + 1, 8);
+        } else if (len == 9 && r->owned[0] == kCreditMarker) {
+          uint64_t consumed;
+          std::memcpy(&consumed, r->owned.data() + 1, 8);
+          // Reports may overtake each other: the count only grows. More
+          // than we posted is a broken peer; it cannot open the window
+          // beyond what we sent.
+          peer_consumed_ = std::min(std::max(peer_consumed_, consumed), user_posted_);
         } else if (control != nullptr) {
           control->emplace_back(r->owned.begin(), r->owned.begin() + len);
         }
@@ -1639,6 +1689,7 @@ class OfiEndpoint final : public Endpoint {
     if (r->op == OpType::kRecv &&
         (st.ok() || st.code() == absl::StatusCode::kOutOfRange)) {
       ++user_received_;  // a message was consumed, truncated or not
+      ReportConsumedLocked(false);
     }
     if (r->op == OpType::kSend && st.ok()) ++user_sent_ok_;
     c.status = std::move(st);
@@ -1772,14 +1823,53 @@ class OfiEndpoint final : public Endpoint {
     return false;
   }
 
-  // Retries operations that met EAGAIN.
+  // Whether another user send may go to libfabric now (SetFlow).
+  bool FlowOpenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return flow_window_ == 0 || user_posted_ - peer_consumed_ < flow_window_;
+  }
+  static bool IsUserSend(const Request* r) { return r->op == OpType::kSend && !r->control; }
+
+  // Tells the peer how many of its messages our receives consumed, when a
+  // quarter of its window has been consumed since the last report (or a
+  // report met EAGAIN). Posted at once, never behind the backlog: a backlog
+  // held up by our own window must not hold up the report the peer's
+  // window waits for.
+  void ReportConsumedLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    if (flow_window_ == 0 || dead_ || closed_ || ep_ == nullptr) return;
+    if (!force && !credit_due_ && user_received_ - reported_consumed_ < report_every_) return;
+    auto* r = NewRequest(OpType::kSend, 0, 9);
+    r->control = true;
+    r->owned.resize(9);
+    r->owned[0] = kCreditMarker;
+    std::memcpy(r->owned.data() + 1, &user_received_, 8);
+    outstanding_.insert(r);
+    const int rc = PostControlSend(r);
+    if (rc != 0) {
+      outstanding_.erase(r);
+      RequestCache::Put(r);
+      if (rc != -FI_EAGAIN) {
+        ZS_LOG(kDebug, "ofi: a flow-control report failed (%s)", fi_strerror(-rc));
+      }
+      credit_due_ = true;  // again at the next progress
+      return;
+    }
+    reported_consumed_ = user_received_;
+    credit_due_ = false;
+    poll_hint_ = true;
+  }
+
+  // Retries operations that met EAGAIN, or that waited for the window.
   void RetryLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    if (credit_due_) ReportConsumedLocked(true);
     while (!backlog_.empty() && !dead_) {
       auto& [r, post] = backlog_.front();
+      const bool user_send = IsUserSend(r);
+      if (user_send && !FlowOpenLocked()) return;  // until the peer reports
       int rc = post(r);
       if (rc == -FI_EAGAIN) return;
       Request* req = r;
       backlog_.pop_front();
+      if (rc == 0 && user_send) ++user_posted_;
       if (rc != 0) {
         outstanding_.erase(req);
         CompleteLocked(req, FiError(rc, CallName(req), "the provider refused the operation"), 0, out, nullptr);
@@ -1858,8 +1948,9 @@ class OfiEndpoint final : public Endpoint {
       return DownStatusLocked();
     }
     outstanding_.insert(r);
-    if (!backlog_.empty()) {
-      backlog_.emplace_back(r, post);
+    const bool user_send = IsUserSend(r);
+    if (!backlog_.empty() || (user_send && !FlowOpenLocked())) {
+      backlog_.emplace_back(r, post);  // the window opens when the peer reports
       return absl::OkStatus();
     }
     int rc = post(r);
@@ -1867,6 +1958,7 @@ class OfiEndpoint final : public Endpoint {
       backlog_.emplace_back(r, post);  // retried by progress
       return absl::OkStatus();
     }
+    if (rc == 0 && user_send) ++user_posted_;
     if (rc != 0) {
       const char* call = CallName(r);
       outstanding_.erase(r);
@@ -2082,6 +2174,13 @@ class OfiEndpoint final : public Endpoint {
   fid_cq* fcq_;  // this endpoint's own fi CQ
   int fcq_fd_;   // its wait fd, or -1
   uint64_t user_sent_ok_ = 0;   // user sends completed successfully
+  // Flow control (SetFlow; 0: off).
+  uint64_t flow_window_ = 0;
+  uint64_t report_every_ = 1;
+  uint64_t user_posted_ = 0;        // user sends handed to libfabric
+  uint64_t peer_consumed_ = 0;      // of those, what the peer reported consumed
+  uint64_t reported_consumed_ = 0;  // user_received_ at our last report
+  bool credit_due_ = false;         // a report met EAGAIN: again at the next progress
   CompletionList injected_;     // TryInject's completions, for ProgressLocked (domain lock)
   uint64_t user_received_ = 0;  // user messages consumed by receives
   bool fin_ = false;            // the peer announced its close
@@ -2318,7 +2417,7 @@ struct OfiHello {
   uint16_t version;
   uint16_t name_len;
   uint32_t uid;  // effective uid: shm connects peers of one user only
-  uint32_t reserved;
+  uint32_t reserved;  // the sender's flow window (0: none), from flow control on
   uint8_t name[256];
 };
 
@@ -2374,6 +2473,8 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
   }
   mine.magic = kHelloMagic;
   mine.version = kHelloVersion;
+  // Our flow window (0: none). A peer before flow control sends 0 here.
+  mine.reserved = static_cast<uint32_t>(flow_window());
   mine.uid = static_cast<uint32_t>(::geteuid());
   if (auto st = IoAll(oob.get(), &mine, sizeof(mine), true, deadline); !st.ok()) return fail(st);
   OfiHello theirs{};
@@ -2415,6 +2516,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::stri
                                     info_->domain_attr->name));
   auto endpoint = std::make_unique<OfiEndpoint>(this, ocq, ep, av, fcq, fcq_fd, peer_addr,
                                                 std::move(oob), std::move(info));
+  // Flow control only when both sides window: each then reports its
+  // consumption often enough for the other's window.
+  if (mine.reserved != 0 && theirs.reserved != 0) endpoint->SetFlow(mine.reserved, theirs.reserved);
   if (auto st = endpoint->Start(); !st.ok()) return st;
   return std::unique_ptr<Endpoint>(std::move(endpoint));
 }

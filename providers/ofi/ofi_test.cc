@@ -645,6 +645,87 @@ TEST(OfiSockets, PipelinedRmaToASleepingTargetCompletes) {
   EXPECT_EQ(back, source);
 }
 
+// rxm keeps every message that arrives before its receive is posted in a
+// 16 KiB bounce buffer, and never pushes back: without a window, a sender
+// that outruns its peer grows the peer's memory without bound. With
+// flow_window=8 the sender hands at most 8 messages to libfabric while the
+// peer posts nothing (only those complete); the rest wait in its backlog
+// and follow, in order, as the peer's receives consume and report them.
+// flow_window=0 shows what the test tells apart: rxm takes them all.
+TEST(OfiFlow, RxmSendsBeyondTheWindowWaitForThePeersReceives) {
+  constexpr int kMessages = 200;
+  for (int window : {8, 0}) {
+    SCOPED_TRACE(absl::StrCat("flow_window=", window));
+    Net net;
+    ASSERT_NO_FATAL_FAILURE(
+        OpenNet(absl::StrCat("ofi:tcp;ofi_rxm?iface=lo&flow_window=", window), &net));
+    std::unique_ptr<Endpoint> a, b;
+    ASSERT_NO_FATAL_FAILURE(ConnectThrough(net.fabric.get(), net.listener.get(), net.cq_a.get(),
+                                           net.cq_b.get(), &a, &b));
+    ASSERT_TRUE(a && b);
+    std::vector<std::string> msgs;
+    for (int i = 0; i < kMessages; ++i) msgs.push_back(absl::StrCat("message ", i));
+    for (int i = 0; i < kMessages; ++i) {
+      ASSERT_TRUE(a->Send(msgs[i].data(), msgs[i].size(), nullptr, i).ok()) << i;
+    }
+    // Both sides progress for half a second; b posts nothing.
+    int sent = 0;
+    int next_send = 0;
+    auto poll_a = [&] {
+      Completion c;
+      while (net.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) {
+        ASSERT_TRUE(c.status.ok()) << c.status;
+        ASSERT_EQ(c.context, static_cast<uint64_t>(next_send)) << "send completions out of order";
+        ++next_send;
+        ++sent;
+      }
+    };
+    const absl::Time quiet = absl::Now() + absl::Milliseconds(500);
+    while (absl::Now() < quiet) {
+      ASSERT_NO_FATAL_FAILURE(poll_a());
+      Completion c;
+      ASSERT_EQ(net.cq_b->Poll(std::span<Completion>(&c, 1)), 0u);
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    if (window > 0) {
+      EXPECT_LE(sent, window) << "sends went beyond the window while the peer received nothing";
+      EXPECT_GE(sent, 1);
+    } else {
+      EXPECT_GT(sent, 8) << "without a window rxm should take more than 8 messages";
+    }
+    // Now b receives them all, in order, while a keeps progressing.
+    for (int i = 0; i < kMessages; ++i) {
+      char buf[64] = {};
+      ASSERT_TRUE(b->PostRecv(buf, sizeof(buf), nullptr, 1000 + i).ok()) << i;
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      Completion c;
+      bool got = false;
+      while (!got && absl::Now() < deadline) {
+        ASSERT_NO_FATAL_FAILURE(poll_a());
+        got = net.cq_b->Poll(std::span<Completion>(&c, 1)) == 1;
+      }
+      ASSERT_TRUE(got) << "message " << i << " never arrived (" << sent << " sends completed)";
+      ASSERT_TRUE(c.status.ok()) << c.status;
+      EXPECT_EQ(std::string(buf, c.length), msgs[i]);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (sent < kMessages && absl::Now() < deadline) ASSERT_NO_FATAL_FAILURE(poll_a());
+    EXPECT_EQ(sent, kMessages);
+    a->Close();
+    b->Close();
+  }
+}
+
+TEST(OfiFlow, ABadWindowIsRefusedWithTheRange) {
+  for (const char* v : {"2", "-1", "many", "2000000"}) {
+    auto f = Fabric::Open(absl::StrCat("ofi:tcp;ofi_rxm?flow_window=", v));
+    ASSERT_FALSE(f.ok()) << v;
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+    EXPECT_TRUE(absl::StrContains(f.status().message(), "flow_window")) << f.status();
+    EXPECT_TRUE(absl::StrContains(f.status().message(), "4 to 1000000")) << f.status();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configurations, OfiPair,
                          ::testing::Values("ofi:tcp;ofi_rxm?iface=lo", "ofi:tcp?iface=lo", "ofi:shm",
                                            "ofi:tcp;ofi_rxm?iface=lo&mr_local=on",
