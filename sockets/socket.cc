@@ -263,6 +263,7 @@ void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
   {
     MutexLock rl(&rfd_mu_);
     watch_ = conn->readiness_watch();
+    live_conn_ = conn.get();
   }
   OnReadiness(conn->readiness());
 }
@@ -274,6 +275,17 @@ void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
 void Socket::OnReadiness(uint32_t r) {
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
+  constexpr uint32_t kDataBits = sdp::kReadable | sdp::kWritable;
+  if (live_conn_ != nullptr && (r & kDataBits) != 0) {
+    // The engine computed `r` before this callback ran. Meanwhile a call
+    // may have taken the data (or the room) and turned the bit off
+    // (MarkNotReady): set from `r` alone, poll would report a readiness
+    // that is gone, and a recv right after it say EAGAIN (seen once in CI,
+    // PollFollowsEveryReadinessTransition under load). Only what still
+    // holds turns the mirror on; the engine calls again on the next change
+    // (the watch takes the bit back in below).
+    r &= ~kDataBits | live_conn_->readiness();
+  }
   if (r & (sdp::kError | sdp::kHup)) {
     rfd_->SetHangup();
   } else {
@@ -676,6 +688,10 @@ absl::Status Socket::Close() {
   }
   for (auto& u : unaccepted) u->Abort();
   unaccepted.clear();
+  {
+    MutexLock rl(&rfd_mu_);
+    live_conn_ = nullptr;  // `c` may be the last owner: OnReadiness stops using it
+  }
   if (c) {
     if (abortive) {
       c->Abort();  // SO_LINGER {1, 0}: reset, as TCP sends RST

@@ -159,6 +159,11 @@ class Socket : public std::enable_shared_from_this<Socket> {
   std::unique_ptr<ReadinessFd> rfd_ ABSL_GUARDED_BY(rfd_mu_);
   // The connection's readiness watch (sdp::Connection::readiness_watch).
   std::shared_ptr<std::atomic<uint32_t>> watch_ ABSL_GUARDED_BY(rfd_mu_);
+  // The connection while conn_ (or Close's copy of it) owns it, for
+  // OnReadiness to check a callback's bits against (no reference: the
+  // callback must not own the connection, see Attach). Cleared by Close
+  // before it lets go.
+  sdp::Connection* live_conn_ ABSL_GUARDED_BY(rfd_mu_) = nullptr;
 };
 
 // The process's table of zsock sockets by fd number (for the C API and the
