@@ -127,6 +127,22 @@ constexpr uint8_t kCreditMarker = 0xc1;
 // later sends wait in the sender's backlog, as sends that met EAGAIN do.
 constexpr size_t kDefaultFlowWindow = 1024;
 
+// The FIN and the flow-control report: a 9-byte record, a marker and a
+// count (never an emulation message, whose header alone is 48 bytes).
+constexpr size_t kRecordSize = 9;
+std::array<uint8_t, kRecordSize> EncodeRecord(uint8_t marker, uint64_t count) {
+  std::array<uint8_t, kRecordSize> rec;
+  rec[0] = marker;
+  std::memcpy(rec.data() + 1, &count, 8);
+  return rec;
+}
+// Whether `msg` is a record with `marker`; its count in *count.
+bool DecodeRecord(std::span<const uint8_t> msg, uint8_t marker, uint64_t* count) {
+  if (msg.size() != kRecordSize || msg[0] != marker) return false;
+  std::memcpy(count, msg.data() + 1, 8);
+  return true;
+}
+
 // ------------------------------------------------------------ errors
 
 absl::Status FiError(int rc, absl::string_view call, absl::string_view fix = {}) {
@@ -1538,10 +1554,7 @@ class OfiEndpoint final : public Endpoint {
                        absl::StrCat("control message of ", msg.size(), " bytes exceeds ", kControlBuf),
                        "emulated transfers over ofi are limited to 64 KiB per operation");
     }
-    auto* r = NewRequest(OpType::kSend, 0, msg.size());
-    r->control = true;
-    r->owned.assign(msg.begin(), msg.end());
-    return Submit(r, [this](Request* req) { return PostControlSend(req); });
+    return Submit(NewControlSend(msg), [this](Request* req) { return PostControlSend(req); });
   }
 
   absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
@@ -1586,15 +1599,11 @@ class OfiEndpoint final : public Endpoint {
       DomLock lock(&fab_->dom_mu());
       if (dead_ || ep_ == nullptr || !connected_) return;
       ProgressLocked(&out, nullptr);
-      uint8_t fin[9];
-      fin[0] = kFinMarker;
-      std::memcpy(fin + 1, &user_sent_ok_, 8);
+      const auto fin = EncodeRecord(kFinMarker, user_sent_ok_);
       if (!cep_) {
-        (void)::send(oob_.get(), fin, sizeof(fin), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)::send(oob_.get(), fin.data(), fin.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       } else {
-        auto* r = NewRequest(OpType::kSend, 0, sizeof(fin));
-        r->control = true;
-        r->owned.assign(fin, fin + sizeof(fin));
+        auto* r = NewControlSend(fin);
         outstanding_.insert(r);
         const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
         int rc;
@@ -1638,12 +1647,11 @@ class OfiEndpoint final : public Endpoint {
     if (r == fin_req_) fin_req_ = nullptr;
     if (r->control) {
       if (r->op == OpType::kRecv && st.ok() && !dead_) {
-        if (len == 9 && r->owned[0] == kFinMarker) {
+        const std::span<const uint8_t> msg(r->owned.data(), len);
+        uint64_t consumed;
+        if (DecodeRecord(msg, kFinMarker, &fin_count_)) {
           fin_ = true;
-          std::memcpy(&fin_count_, r->owned.data() + 1, 8);
-        } else if (len == 9 && r->owned[0] == kCreditMarker) {
-          uint64_t consumed;
-          std::memcpy(&consumed, r->owned.data() + 1, 8);
+        } else if (DecodeRecord(msg, kCreditMarker, &consumed)) {
           // Reports may overtake each other: the count only grows. More
           // than we posted is a broken peer; it cannot open the window
           // beyond what we sent.
@@ -1689,7 +1697,7 @@ class OfiEndpoint final : public Endpoint {
     if (r->op == OpType::kRecv &&
         (st.ok() || st.code() == absl::StatusCode::kOutOfRange)) {
       ++user_received_;  // a message was consumed, truncated or not
-      ReportConsumedLocked(false);
+      ReportConsumedLocked();
     }
     if (r->op == OpType::kSend && st.ok()) ++user_sent_ok_;
     c.status = std::move(st);
@@ -1716,13 +1724,14 @@ class OfiEndpoint final : public Endpoint {
     }
     bool gone = false;
     if (!cep_) {
-      uint8_t fin[9];
+      uint8_t fin[kRecordSize];
       ssize_t n = ::recv(oob_.get(), fin, sizeof(fin), MSG_PEEK | MSG_DONTWAIT);
-      if (n == static_cast<ssize_t>(sizeof(fin)) && fin[0] == kFinMarker) {
+      uint64_t count = 0;
+      if (n == static_cast<ssize_t>(sizeof(fin)) && DecodeRecord(fin, kFinMarker, &count)) {
         (void)::recv(oob_.get(), fin, sizeof(fin), MSG_DONTWAIT);
         DomLock lock(&fab_->dom_mu());
         fin_ = true;
-        std::memcpy(&fin_count_, fin + 1, 8);
+        fin_count_ = count;
         n = ::recv(oob_.get(), fin, 1, MSG_PEEK | MSG_DONTWAIT);
       }
       gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
@@ -1834,14 +1843,10 @@ class OfiEndpoint final : public Endpoint {
   // report met EAGAIN). Posted at once, never behind the backlog: a backlog
   // held up by our own window must not hold up the report the peer's
   // window waits for.
-  void ReportConsumedLocked(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+  void ReportConsumedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     if (flow_window_ == 0 || dead_ || closed_ || ep_ == nullptr) return;
-    if (!force && !credit_due_ && user_received_ - reported_consumed_ < report_every_) return;
-    auto* r = NewRequest(OpType::kSend, 0, 9);
-    r->control = true;
-    r->owned.resize(9);
-    r->owned[0] = kCreditMarker;
-    std::memcpy(r->owned.data() + 1, &user_received_, 8);
+    if (!credit_due_ && user_received_ - reported_consumed_ < report_every_) return;
+    auto* r = NewControlSend(EncodeRecord(kCreditMarker, user_received_));
     outstanding_.insert(r);
     const int rc = PostControlSend(r);
     if (rc != 0) {
@@ -1860,7 +1865,7 @@ class OfiEndpoint final : public Endpoint {
 
   // Retries operations that met EAGAIN, or that waited for the window.
   void RetryLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    if (credit_due_) ReportConsumedLocked(true);
+    if (credit_due_) ReportConsumedLocked();
     while (!backlog_.empty() && !dead_) {
       auto& [r, post] = backlog_.front();
       const bool user_send = IsUserSend(r);
@@ -1881,6 +1886,14 @@ class OfiEndpoint final : public Endpoint {
 
  private:
   using PostFn = std::function<int(Request*)>;
+
+  // A control send carrying a copy of `bytes`.
+  Request* NewControlSend(std::span<const uint8_t> bytes) {
+    auto* r = NewRequest(OpType::kSend, 0, bytes.size());
+    r->control = true;
+    r->owned.assign(bytes.begin(), bytes.end());
+    return r;
+  }
 
   Request* NewRequest(OpType op, uint64_t context, size_t len) {
     auto* r = RequestCache::Get();
