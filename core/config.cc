@@ -126,6 +126,22 @@ absl::StatusOr<int64_t> Config::ParseNumber(absl::string_view key,
   return n * mult;
 }
 
+absl::StatusOr<uint32_t> Config::ParseFlowWindow(absl::string_view provider,
+                                                 absl::string_view value,
+                                                 absl::string_view unbounded) {
+  int n = -1;
+  if (!absl::SimpleAtoi(value, &n) || (n != 0 && (n < 4 || n > 1000000))) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     absl::StrCat(provider, " option flow_window=", value,
+                                  " is not 0 or a number of messages from 4 to 1000000"),
+                     absl::StrCat("write e.g. flow_window=1024 (the default), or flow_window=0 to "
+                                  "send without flow control (",
+                                  unbounded, " then buffers whatever the peer has not received "
+                                  "yet, without bound)"));
+  }
+  return static_cast<uint32_t>(n);
+}
+
 absl::StatusOr<bool> Config::ParseBool(absl::string_view key, absl::string_view value) {
   std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
   if (v == "1" || v == "on" || v == "yes" || v == "true") return true;

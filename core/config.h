@@ -66,6 +66,12 @@ class Config {
   // given in the fabric string (e.g. "unet?cma=off").
   static absl::StatusOr<int64_t> ParseNumber(absl::string_view key, absl::string_view value);
   static absl::StatusOr<bool> ParseBool(absl::string_view key, absl::string_view value);
+  // A provider's flow_window=N option (ofi over rxm, ucx): 0 (no flow
+  // control) or 4 to 1000000 messages. `provider` names it in the error,
+  // `unbounded` says what buffers without bound when the window is off.
+  static absl::StatusOr<uint32_t> ParseFlowWindow(absl::string_view provider,
+                                                  absl::string_view value,
+                                                  absl::string_view unbounded);
   static absl::Status Validate(absl::string_view key, absl::string_view value,
                                absl::string_view source);
 

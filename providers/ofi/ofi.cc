@@ -315,16 +315,9 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
       s.backstop_ns = int64_t{ms} * 1000 * 1000;
       s.backstop_set = true;
     } else if (k == "flow_window") {
-      int n = -1;
-      if (!absl::SimpleAtoi(v, &n) || (n != 0 && (n < 4 || n > 1000000))) {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ofi option flow_window=", v, " is not 0 or a number of "
-                                      "messages from 4 to 1000000"),
-                         "write e.g. flow_window=1024 (the default), or flow_window=0 to send "
-                         "without flow control (rxm then buffers whatever the peer has not "
-                         "received yet, without bound)");
-      }
-      s.flow_window = static_cast<size_t>(n);
+      auto n = Config::ParseFlowWindow("ofi", v, "rxm");
+      if (!n.ok()) return n.status();
+      s.flow_window = *n;
     } else if (absl::StartsWith(k, "FI_")) {
       // libfabric reads FI_* parameters from the environment when a provider
       // initialises, once per process.

@@ -193,7 +193,8 @@ bool In(const std::string& s, const char* const (&list)[N]) {
   return false;
 }
 
-constexpr const char* kZsockOptions[] = {"fallback", "native_rma", "max_registrations"};
+constexpr const char* kZsockOptions[] = {"fallback", "native_rma", "max_registrations",
+                                         "flow_window"};
 
 absl::Status ApplyUcxOption(const std::string& name, const std::string& value,
                             Settings* s) {
@@ -327,6 +328,10 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
                          "use 1 .. 1048576");
       }
       s.max_registrations = static_cast<size_t>(*n);
+    } else if (k == "flow_window") {
+      auto n = Config::ParseFlowWindow("ucx", v, "the peer's UCX");
+      if (!n.ok()) return n.status();
+      s.flow_window = *n;
     } else {
       unknown.push_back(k);
     }
