@@ -411,46 +411,56 @@ TEST_P(UcxFlow, SendsBeyondTheWindowWaitForThePeersReceives) {
   }
 }
 
-// Closing an endpoint whose sends wait for the window: those UCX took
-// complete, the held ones (injected copies among them) are cancelled, every
-// completion in posting order, nothing leaked (ASan).
-TEST_P(UcxFlow, CloseCancelsHeldSendsInOrder) {
+// An endpoint whose sends wait for the window goes down, closed here or
+// by the peer: those UCX took complete, the held ones (injected copies
+// among them) fail (Cancelled, or the peer's departure), every completion
+// in posting order, nothing leaked (ASan).
+TEST_P(UcxFlow, HeldSendsFailInOrderWhenTheEndpointGoesDown) {
   const std::string sep = absl::StrContains(GetParam(), "?") ? "&" : "?";
   const std::string config = absl::StrCat(GetParam(), sep, "flow_window=4");
-  FlowPair p;
-  ASSERT_NO_FATAL_FAILURE(OpenFlowPair(config, config, &p));
-  constexpr int kMessages = 20;
-  const std::string msg = "held";
-  for (int i = 0; i < kMessages; ++i) {
-    const uint64_t ctx = (i == 10 || i == 11) ? kInjectContext : static_cast<uint64_t>(i);
-    ASSERT_TRUE(p.a->Send(msg.data(), msg.size(), nullptr, ctx).ok()) << i;
-  }
-  std::vector<Completion> got;
-  const absl::Time quiet = absl::Now() + absl::Milliseconds(200);
-  while (absl::Now() < quiet) {
-    Completion c;
-    while (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) got.push_back(c);
-    p.cq_b->Poll(std::span<Completion>(&c, 1));
-    absl::SleepFor(absl::Microseconds(200));
-  }
-  const size_t before_close = got.size();
-  EXPECT_GE(before_close, 1u);
-  EXPECT_LE(before_close, 4u);
-  p.a->Close();
-  const absl::Time deadline = absl::Now() + kTimeout;
-  while (got.size() < kMessages - 2 && absl::Now() < deadline) {
-    Completion c;
-    while (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) got.push_back(c);
-  }
-  ASSERT_EQ(got.size(), kMessages - 2u);  // the injected ones report nothing
-  uint64_t expect = 0;
-  for (size_t i = 0; i < got.size(); ++i, ++expect) {
-    if (expect == 10) expect = 12;
-    EXPECT_EQ(got[i].context, expect) << i;
-    if (i < before_close) {
-      EXPECT_TRUE(got[i].status.ok()) << got[i].status;
+  for (bool peer_closes : {false, true}) {
+    SCOPED_TRACE(peer_closes ? "the peer closes" : "closed here");
+    FlowPair p;
+    ASSERT_NO_FATAL_FAILURE(OpenFlowPair(config, config, &p));
+    constexpr int kMessages = 20;
+    const std::string msg = "held";
+    for (int i = 0; i < kMessages; ++i) {
+      const uint64_t ctx = (i == 10 || i == 11) ? kInjectContext : static_cast<uint64_t>(i);
+      ASSERT_TRUE(p.a->Send(msg.data(), msg.size(), nullptr, ctx).ok()) << i;
+    }
+    std::vector<Completion> got;
+    const absl::Time quiet = absl::Now() + absl::Milliseconds(200);
+    while (absl::Now() < quiet) {
+      Completion c;
+      while (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) got.push_back(c);
+      p.cq_b->Poll(std::span<Completion>(&c, 1));
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    const size_t before = got.size();
+    EXPECT_GE(before, 1u);
+    EXPECT_LE(before, 4u);
+    if (peer_closes) {
+      p.b.reset();
     } else {
-      EXPECT_EQ(got[i].status.code(), absl::StatusCode::kCancelled) << i << ": " << got[i].status;
+      p.a->Close();
+    }
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (got.size() < kMessages - 2 && absl::Now() < deadline) {
+      Completion c;
+      while (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) got.push_back(c);
+    }
+    ASSERT_EQ(got.size(), kMessages - 2u);  // the injected ones report nothing
+    uint64_t expect = 0;
+    for (size_t i = 0; i < got.size(); ++i, ++expect) {
+      if (expect == 10) expect = 12;
+      EXPECT_EQ(got[i].context, expect) << i;
+      if (i < before) {
+        EXPECT_TRUE(got[i].status.ok()) << got[i].status;
+      } else if (peer_closes) {
+        EXPECT_EQ(got[i].status.code(), absl::StatusCode::kAborted) << i << ": " << got[i].status;
+      } else {
+        EXPECT_EQ(got[i].status.code(), absl::StatusCode::kCancelled) << i << ": " << got[i].status;
+      }
     }
   }
 }
