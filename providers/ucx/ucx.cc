@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -1015,15 +1016,22 @@ class Worker {
 
   Mutex mu;
   absl::flat_hash_map<uint32_t, std::shared_ptr<EpCore>> eps ABSL_GUARDED_BY(mu);
-  // User sends of all endpoints waiting for their window (EpCore::held):
-  // while there are any, every progress probes for the peers' reports.
-  size_t held_ops ABSL_GUARDED_BY(mu) = 0;
+  // The endpoints whose sends wait for their window (EpCore::held): every
+  // progress probes them for the peer's report (DrainHoldingLocked), not
+  // only once per tick, and not every endpoint of the worker.
+  absl::flat_hash_set<EpCore*> holding ABSL_GUARDED_BY(mu);
 
  private:
   Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd, std::string name)
       : ctx_(std::move(ctx)), worker_(w), efd_(efd), name_(std::move(name)) {}
 
   size_t DrainControlLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  size_t DrainCoreLocked(const std::shared_ptr<EpCore>& core) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  size_t DrainHoldingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Receives the probed message `msg` into buf for `op` (a control receive
+  // or a discard), which this worker tracks until UCX finishes it.
+  void ReceiveProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   size_t ReportInlineSlowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   std::shared_ptr<Context> ctx_;
@@ -1272,8 +1280,8 @@ void FailRemainingLocked(EpCore* c, const absl::Status& why) {
       delete op;
     }
   }
-  c->worker->held_ops -= c->held.size();
   c->held.clear();
+  c->worker->holding.erase(c);
   for (std::deque<Op*>* q : {&c->sends, &c->recvs}) {
     for (Op* op : *q) {
       if (!op->done) {
@@ -1338,14 +1346,19 @@ size_t Worker::ProgressLocked(int64_t now) {
   // idle busy poll (a tenth of its cost), but at least once per coarse tick
   // (UCX may also progress inside other calls, and a stream keeps finding
   // something), and always before arming (ArmLocked).
-  // While sends wait for a window, every progress looks for the report
-  // that opens it.
+  // Endpoints whose sends wait for a window look for the report that opens
+  // it on every progress.
   if (n > 0) {
     probe_due_ = true;
-    if (held_ops > 0 || now - last_probe_ns_ >= kProbeIntervalNs) n += DrainControlLocked(now);
-  } else if (probe_due_ || control_backlog_ || held_ops > 0 ||
-             now - last_probe_ns_ >= kProbeIntervalNs) {
+    if (now - last_probe_ns_ >= kProbeIntervalNs) {
+      n += DrainControlLocked(now);
+    } else if (!holding.empty()) {
+      n += DrainHoldingLocked();
+    }
+  } else if (probe_due_ || control_backlog_ || now - last_probe_ns_ >= kProbeIntervalNs) {
     n += DrainControlLocked(now);
+  } else if (!holding.empty()) {
+    n += DrainHoldingLocked();
   }
   while (!failed_.empty()) {
     auto [core, st] = failed_.back();
@@ -1399,45 +1412,46 @@ size_t Worker::DrainControlLocked(int64_t now) {
   probe_due_ = false;
   last_probe_ns_ = now;
   for (auto& [id, core] : eps) {
-    if (core->closed) continue;
-    for (int i = 0;; ++i) {
-      if (i == 64) {
-        control_backlog_ = true;  // more next time; Arm reports pending
-        break;
-      }
-      ucp_tag_recv_info_t info{};
-      ucp_tag_message_h msg =
-          ucp_tag_probe_nb(worker_, core->RecvTag(true), kFullMask, 1, &info);
-      if (msg == nullptr) break;
-      ++n;
-      auto in = std::make_shared<ControlIn>();
-      in->data.resize(info.length);
-      auto* op = new Op{Op::Kind::kControlRecv};
-      op->core = core.get();
-      op->keep = core;
-      op->worker = this;
-      op->control_in = in;
-      ucp_request_param_t p{};
-      p.op_attr_mask =
-          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
-      p.cb.recv = OnRecv;
-      p.user_data = op;
-      p.recv_info.tag_info = &op->info;
-      core->control.push_back(in);
-      if (core->cq != nullptr) core->cq->NoteService();
-      Track(op);
-      ucs_status_t st = Submit(op, [&] {
-        return ucp_tag_msg_recv_nbx(worker_, in->data.data(), in->data.size(), msg, &p);
-      });
-      if (st != UCS_OK) {
-        op->completed = true;
-        op->ucx_status = st;
-      }
-      if (op->completed) SettleLocked(op);
+    if (!core->closed) n += DrainCoreLocked(core);
+  }
+  return n;
+}
+
+size_t Worker::DrainHoldingLocked() {
+  // Walks a copy: what draining settles must be free to change the set.
+  absl::InlinedVector<EpCore*, 8> cores(holding.begin(), holding.end());
+  size_t n = 0;
+  for (EpCore* c : cores) {
+    if (!c->closed) n += DrainCoreLocked(c->shared_from_this());
+  }
+  return n;
+}
+
+size_t Worker::DrainCoreLocked(const std::shared_ptr<EpCore>& core) {
+  size_t n = 0;
+  for (int i = 0;; ++i) {
+    if (i == 64) {
+      control_backlog_ = true;  // more next time; Arm reports pending
+      break;
     }
-    if (!core->control.empty() && core->cq != nullptr && !core->cq->IsProgressingHere()) {
-      core->cq->WakeWaiter();
-    }
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg =
+        ucp_tag_probe_nb(worker_, core->RecvTag(true), kFullMask, 1, &info);
+    if (msg == nullptr) break;
+    ++n;
+    auto in = std::make_shared<ControlIn>();
+    in->data.resize(info.length);
+    auto* op = new Op{Op::Kind::kControlRecv};
+    op->core = core.get();
+    op->keep = core;
+    op->worker = this;
+    op->control_in = in;
+    core->control.push_back(in);
+    if (core->cq != nullptr) core->cq->NoteService();
+    ReceiveProbedLocked(op, msg, in->data.data(), in->data.size());
+  }
+  if (!core->control.empty() && core->cq != nullptr && !core->cq->IsProgressingHere()) {
+    core->cq->WakeWaiter();
   }
   return n;
 }
@@ -1473,22 +1487,24 @@ void Worker::DiscardMessagesLocked(uint64_t tag) {
     auto* op = new Op{Op::Kind::kDiscard};
     op->worker = this;
     op->owned.resize(info.length);
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
-    p.cb.recv = OnRecv;
-    p.user_data = op;
-    p.recv_info.tag_info = &op->info;
-    Track(op);
-    ucs_status_t st = Submit(op, [&] {
-      return ucp_tag_msg_recv_nbx(worker_, op->owned.data(), op->owned.size(), msg, &p);
-    });
-    if (st != UCS_OK) {
-      op->completed = true;
-      op->ucx_status = st;
-    }
-    if (op->completed) SettleLocked(op);
+    ReceiveProbedLocked(op, msg, op->owned.data(), op->owned.size());
   }
+}
+
+void Worker::ReceiveProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len) {
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  p.cb.recv = OnRecv;
+  p.user_data = op;
+  p.recv_info.tag_info = &op->info;
+  Track(op);
+  ucs_status_t st = Submit(op, [&] { return ucp_tag_msg_recv_nbx(worker_, buf, len, msg, &p); });
+  if (st != UCS_OK) {
+    op->completed = true;
+    op->ucx_status = st;
+  }
+  if (op->completed) SettleLocked(op);
 }
 
 // Finishes an operation UCX completed (op->completed), after its
@@ -1663,8 +1679,8 @@ absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> m
 // A user send (or an injected send's copy, already in `others`) waits for
 // the window, behind those already waiting.
 void HoldLocked(EpCore* c, Op* op) {
+  if (c->held.empty()) c->worker->holding.insert(c);
   c->held.push_back(op);
-  ++c->worker->held_ops;
 }
 
 // Hands held sends to UCX, oldest first, while the window is open.
@@ -1673,7 +1689,7 @@ size_t ReleaseHeldLocked(EpCore* c) {
   while (!c->held.empty() && c->FlowOpen()) {
     Op* op = c->held.front();
     c->held.pop_front();
-    --c->worker->held_ops;
+    if (c->held.empty()) c->worker->holding.erase(c);
     ++n;
     const bool copy = op->kind == Op::Kind::kInjectSend;
     const void* data = copy ? op->owned.data() : op->buf;
