@@ -311,15 +311,30 @@ TEST(UcxFallback, NoneRefusesPeersThatCannotShareMemory) {
 
 
 // Flow control (docs/ucx.md): two fabrics (each side's own flow_window),
-// an endpoint of each connected in this process.
+// an endpoint of each connected in this process, and `idle` more pairs
+// beside it (past 16 endpoints a worker finds control messages, the flow
+// reports among them, by the control bit instead of each endpoint's tag).
 struct FlowPair {
   std::unique_ptr<Fabric> fa, fb;
   std::unique_ptr<CompletionQueue> cq_a, cq_b;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<Endpoint> a, b;
+  std::vector<std::unique_ptr<Endpoint>> idle;
 };
 
-void OpenFlowPair(const std::string& config_a, const std::string& config_b, FlowPair* p) {
+void Connect(FlowPair* p, std::unique_ptr<Endpoint>* a, std::unique_ptr<Endpoint>* b) {
+  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
+  std::thread acceptor([&] { accepted = p->listener->Accept(p->cq_b.get(), kTimeout); });
+  auto connected = p->fa->Connect(p->listener->address(), p->cq_a.get(), kTimeout);
+  acceptor.join();
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  *a = std::move(*connected);
+  *b = std::move(*accepted);
+}
+
+void OpenFlowPair(const std::string& config_a, const std::string& config_b, FlowPair* p,
+                  int idle = 0) {
   auto fa = Fabric::Open(config_a);
   ASSERT_TRUE(fa.ok()) << fa.status();
   auto fb = Fabric::Open(config_b);
@@ -331,14 +346,13 @@ void OpenFlowPair(const std::string& config_a, const std::string& config_b, Flow
   auto listener = p->fb->Listen("");
   ASSERT_TRUE(listener.ok()) << listener.status();
   p->listener = std::move(*listener);
-  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
-  std::thread acceptor([&] { accepted = p->listener->Accept(p->cq_b.get(), kTimeout); });
-  auto connected = p->fa->Connect(p->listener->address(), p->cq_a.get(), kTimeout);
-  acceptor.join();
-  ASSERT_TRUE(connected.ok()) << connected.status();
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
-  p->a = std::move(*connected);
-  p->b = std::move(*accepted);
+  ASSERT_NO_FATAL_FAILURE(Connect(p, &p->a, &p->b));
+  for (int i = 0; i < idle; ++i) {
+    std::unique_ptr<Endpoint> a, b;
+    ASSERT_NO_FATAL_FAILURE(Connect(p, &a, &b));
+    p->idle.push_back(std::move(a));
+    p->idle.push_back(std::move(b));
+  }
 }
 
 class UcxFlow : public ::testing::TestWithParam<std::string> {};
@@ -347,19 +361,21 @@ class UcxFlow : public ::testing::TestWithParam<std::string> {};
 // receive for half a second: with a window of 8 on both sides at most 4 of
 // the ordinary sends complete (the injected ones count too); with either
 // side at 0 there is no window (UCX buffers them all). Then b receives all
-// 200, in order, and every send completes.
+// 200, in order, and every send completes: b's reports reach a, also
+// among 20 idle pairs.
 TEST_P(UcxFlow, SendsBeyondTheWindowWaitForThePeersReceives) {
   constexpr int kInjected = 4, kMessages = 200;
   struct Case {
-    int window_a, window_b;
+    int window_a, window_b, idle;
   };
-  for (Case k : {Case{8, 8}, Case{0, 0}, Case{8, 0}}) {
-    SCOPED_TRACE(absl::StrCat("flow_window a=", k.window_a, " b=", k.window_b));
+  for (Case k : {Case{8, 8, 0}, Case{0, 0, 0}, Case{8, 0, 0}, Case{8, 8, 20}}) {
+    SCOPED_TRACE(absl::StrCat("flow_window a=", k.window_a, " b=", k.window_b, ", idle pairs ",
+                              k.idle));
     const std::string sep = absl::StrContains(GetParam(), "?") ? "&" : "?";
     FlowPair p;
     ASSERT_NO_FATAL_FAILURE(OpenFlowPair(absl::StrCat(GetParam(), sep, "flow_window=", k.window_a),
                                          absl::StrCat(GetParam(), sep, "flow_window=", k.window_b),
-                                         &p));
+                                         &p, k.idle));
     std::vector<std::string> msgs;
     for (int i = 0; i < kMessages; ++i) msgs.push_back(absl::StrCat("message ", i));
     for (int i = 0; i < kMessages; ++i) {
@@ -463,6 +479,40 @@ TEST_P(UcxFlow, HeldSendsFailInOrderWhenTheEndpointGoesDown) {
       }
     }
   }
+}
+
+// Control messages reach an endpoint among many on its worker (found by
+// the control bit, not by each endpoint's tag): an emulated write and read
+// between one pair beside 20 idle ones, both sides polled here.
+TEST_P(UcxFlow, ControlMessagesReachAnEndpointAmongMany) {
+  FlowPair p;
+  ASSERT_NO_FATAL_FAILURE(OpenFlowPair(GetParam(), GetParam(), &p, 20));
+  std::vector<uint8_t> target(4096, 0);
+  auto mr = p.fb->RegisterMemory(target.data(), target.size(), kRemoteRead | kRemoteWrite);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  const RemoteKey key = (*mr)->remote_key();
+  std::vector<uint8_t> out(1000), back(1000, 0);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + 1);
+  auto wait_a = [&](OpType op) {
+    const absl::Time deadline = absl::Now() + kTimeout;
+    Completion c;
+    while (absl::Now() < deadline) {
+      p.cq_b->Poll(std::span<Completion>(&c, 1));  // the target serves emulated RMA
+      if (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) {
+        EXPECT_EQ(c.op, op);
+        return c.status;
+      }
+    }
+    return absl::DeadlineExceededError("no completion: a control message was not found");
+  };
+  ASSERT_TRUE(p.a->Write(out.data(), out.size(), nullptr, key.addr + 100, key, 1).ok());
+  absl::Status st = wait_a(OpType::kWrite);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(std::vector<uint8_t>(target.begin() + 100, target.begin() + 1100), out);
+  ASSERT_TRUE(p.a->Read(back.data(), back.size(), nullptr, key.addr + 100, key, 2).ok());
+  st = wait_a(OpType::kRead);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(back, out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxFlow, ::testing::Values("ucx:tcp", "ucx:posix,cma"),
