@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/flow_window.h"
 #include "core/provider.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
@@ -340,6 +341,64 @@ class FakeEmEndpoint final : public Endpoint {
 // initiator's max_rma_size claims more than the target can send, as a peer
 // that does not check it would) answers with the error: the read fails with
 // EMSGSIZE instead of never completing. Reads that fit, and writes, work.
+// The flow-control rules ofi and ucx share (core/flow_window.h).
+TEST(FlowWindow, OnlyWhenBothSidesWindow) {
+  for (auto [mine, theirs] : {std::pair<uint64_t, uint64_t>{0, 8}, {8, 0}, {0, 0}}) {
+    FlowWindow f;
+    f.Start(mine, theirs);
+    EXPECT_FALSE(f.on());
+    for (int i = 0; i < 100; ++i) f.Posted();
+    EXPECT_TRUE(f.open());
+    EXPECT_FALSE(f.ReportDue(100));
+  }
+}
+
+TEST(FlowWindow, SendsStopAtTheWindowAndReportsOpenIt) {
+  FlowWindow f;
+  f.Start(4, 16);
+  ASSERT_TRUE(f.on());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(f.open()) << i;
+    f.Posted();
+  }
+  EXPECT_FALSE(f.open());
+  f.PeerReported(1);
+  EXPECT_TRUE(f.open());
+  f.Posted();
+  EXPECT_FALSE(f.open());
+  f.PeerReported(0);  // an older report overtaken by a newer one: no effect
+  EXPECT_FALSE(f.open());
+  f.PeerReported(1000);  // more than we sent: capped, the window is at most 4
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(f.open()) << i;
+    f.Posted();
+  }
+  EXPECT_FALSE(f.open());
+}
+
+TEST(FlowWindow, ReportsEveryQuarterOfThePeersWindow) {
+  FlowWindow f;
+  f.Start(8, 16);  // the peer's window of 16: a report every 4 consumed
+  EXPECT_FALSE(f.ReportDue(3));
+  EXPECT_TRUE(f.ReportDue(4));
+  f.Reported(4);
+  EXPECT_FALSE(f.ReportDue(7));
+  EXPECT_TRUE(f.ReportDue(8));
+  FlowWindow tiny;
+  tiny.Start(8, 2);  // never less than every message
+  EXPECT_TRUE(tiny.ReportDue(1));
+}
+
+TEST(FlowWindow, RecordsRoundTripAndRejectOthers) {
+  const auto rec = EncodeRecord(kFlowReportMarker, 0x0102030405060708ull);
+  uint64_t n = 0;
+  ASSERT_TRUE(DecodeRecord(rec, kFlowReportMarker, &n));
+  EXPECT_EQ(n, 0x0102030405060708ull);
+  EXPECT_FALSE(DecodeRecord(rec, 0xf1, &n));
+  EXPECT_FALSE(DecodeRecord(std::span<const uint8_t>(rec.data(), kRecordSize - 1),
+                            kFlowReportMarker, &n));
+}
+
 TEST(Emulation, AnAnswerTooLargeToSendFailsTheRead) {
   constexpr size_t kControlMax = 64 << 10;
   FakeEmFabric initiator_fabric(size_t{1} << 20), target_fabric(kControlMax - 512);

@@ -74,6 +74,7 @@
 #include "core/fd.h"
 #include "core/accept.h"
 #include "core/config.h"
+#include "core/flow_window.h"
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/provider.h"
@@ -113,10 +114,9 @@ constexpr int64_t kLingerTickNs = 5 * 1000 * 1000;
 // After a graceful close, how long a posted receive waits for the rest of
 // what the peer announced before the connection is reported lost.
 constexpr int64_t kLingerNs = 1000 * 1000 * 1000;
-constexpr uint8_t kFinMarker = 0xf1;  // control message: graceful close
-// Control message (RDM over rxm): how many user messages this side's
-// receives have consumed so far (flow control, OfiEndpoint::SetFlow).
-constexpr uint8_t kCreditMarker = 0xc1;
+// Control message: graceful close, a record (core/flow_window.h) of the
+// user messages sent; the flow report (RDM over rxm, SetFlow) is the other.
+constexpr uint8_t kFinMarker = 0xf1;
 // User sends an endpoint over rxm hands to libfabric beyond what the peer
 // has reported consumed (option flow_window; 0: no limit). rxm keeps every
 // message that arrives before its receive is posted in a bounce buffer of
@@ -127,21 +127,6 @@ constexpr uint8_t kCreditMarker = 0xc1;
 // later sends wait in the sender's backlog, as sends that met EAGAIN do.
 constexpr size_t kDefaultFlowWindow = 1024;
 
-// The FIN and the flow-control report: a 9-byte record, a marker and a
-// count (never an emulation message, whose header alone is 48 bytes).
-constexpr size_t kRecordSize = 9;
-std::array<uint8_t, kRecordSize> EncodeRecord(uint8_t marker, uint64_t count) {
-  std::array<uint8_t, kRecordSize> rec;
-  rec[0] = marker;
-  std::memcpy(rec.data() + 1, &count, 8);
-  return rec;
-}
-// Whether `msg` is a record with `marker`; its count in *count.
-bool DecodeRecord(std::span<const uint8_t> msg, uint8_t marker, uint64_t* count) {
-  if (msg.size() != kRecordSize || msg[0] != marker) return false;
-  std::memcpy(count, msg.data() + 1, 8);
-  return true;
-}
 
 // ------------------------------------------------------------ errors
 
@@ -1382,8 +1367,7 @@ class OfiEndpoint final : public Endpoint {
   // peer's window (`peer_window`), so that neither side can stall the other.
   void SetFlow(uint32_t window, uint32_t peer_window) {
     DomLock lock(&fab_->dom_mu());
-    flow_window_ = window;
-    report_every_ = std::max<uint64_t>(1, peer_window / 4);
+    flow_.Start(window, peer_window);
   }
 
   const EndpointInfo& info() const override { return info_; }
@@ -1429,7 +1413,7 @@ class OfiEndpoint final : public Endpoint {
         ssize_t rc = cep_ ? fi_inject(ep_, buf, len, 0) : fi_tinject(ep_, buf, len, peer_, kUserTag);
         if (rc == 0) {
           ++user_sent_ok_;
-          ++user_posted_;
+          flow_.Posted();
           return absl::OkStatus();
         }
         if (rc != -FI_EAGAIN) {
@@ -1469,7 +1453,7 @@ class OfiEndpoint final : public Endpoint {
                      "the provider refused the operation; check sizes");
     }
     ++user_sent_ok_;
-    ++user_posted_;
+    flow_.Posted();
     *injected = true;
     Completion& c = injected_.emplace_back();
     c.context = context;
@@ -1644,11 +1628,8 @@ class OfiEndpoint final : public Endpoint {
         uint64_t consumed;
         if (DecodeRecord(msg, kFinMarker, &fin_count_)) {
           fin_ = true;
-        } else if (DecodeRecord(msg, kCreditMarker, &consumed)) {
-          // Reports may overtake each other: the count only grows. More
-          // than we posted is a broken peer; it cannot open the window
-          // beyond what we sent.
-          peer_consumed_ = std::min(std::max(peer_consumed_, consumed), user_posted_);
+        } else if (DecodeRecord(msg, kFlowReportMarker, &consumed)) {
+          flow_.PeerReported(consumed);
         } else if (control != nullptr) {
           control->emplace_back(r->owned.begin(), r->owned.begin() + len);
         }
@@ -1827,7 +1808,7 @@ class OfiEndpoint final : public Endpoint {
 
   // Whether another user send may go to libfabric now (SetFlow).
   bool FlowOpenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    return flow_window_ == 0 || user_posted_ - peer_consumed_ < flow_window_;
+    return flow_.open();
   }
   static bool IsUserSend(const Request* r) { return r->op == OpType::kSend && !r->control; }
 
@@ -1837,9 +1818,9 @@ class OfiEndpoint final : public Endpoint {
   // held up by our own window must not hold up the report the peer's
   // window waits for.
   void ReportConsumedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    if (flow_window_ == 0 || dead_ || closed_ || ep_ == nullptr) return;
-    if (!credit_due_ && user_received_ - reported_consumed_ < report_every_) return;
-    auto* r = NewControlSend(EncodeRecord(kCreditMarker, user_received_));
+    if (!flow_.on() || dead_ || closed_ || ep_ == nullptr) return;
+    if (!credit_due_ && !flow_.ReportDue(user_received_)) return;
+    auto* r = NewControlSend(EncodeRecord(kFlowReportMarker, user_received_));
     outstanding_.insert(r);
     const int rc = PostControlSend(r);
     if (rc != 0) {
@@ -1851,7 +1832,7 @@ class OfiEndpoint final : public Endpoint {
       credit_due_ = true;  // again at the next progress
       return;
     }
-    reported_consumed_ = user_received_;
+    flow_.Reported(user_received_);
     credit_due_ = false;
     poll_hint_ = true;
   }
@@ -1867,7 +1848,7 @@ class OfiEndpoint final : public Endpoint {
       if (rc == -FI_EAGAIN) return;
       Request* req = r;
       backlog_.pop_front();
-      if (rc == 0 && user_send) ++user_posted_;
+      if (rc == 0 && user_send) flow_.Posted();
       if (rc != 0) {
         outstanding_.erase(req);
         CompleteLocked(req, FiError(rc, CallName(req), "the provider refused the operation"), 0, out, nullptr);
@@ -1964,7 +1945,7 @@ class OfiEndpoint final : public Endpoint {
       backlog_.emplace_back(r, post);  // retried by progress
       return absl::OkStatus();
     }
-    if (rc == 0 && user_send) ++user_posted_;
+    if (rc == 0 && user_send) flow_.Posted();
     if (rc != 0) {
       const char* call = CallName(r);
       outstanding_.erase(r);
@@ -2180,12 +2161,7 @@ class OfiEndpoint final : public Endpoint {
   fid_cq* fcq_;  // this endpoint's own fi CQ
   int fcq_fd_;   // its wait fd, or -1
   uint64_t user_sent_ok_ = 0;   // user sends completed successfully
-  // Flow control (SetFlow; 0: off).
-  uint64_t flow_window_ = 0;
-  uint64_t report_every_ = 1;
-  uint64_t user_posted_ = 0;        // user sends handed to libfabric
-  uint64_t peer_consumed_ = 0;      // of those, what the peer reported consumed
-  uint64_t reported_consumed_ = 0;  // user_received_ at our last report
+  FlowWindow flow_;            // flow control (SetFlow): our user sends against the window
   bool credit_due_ = false;         // a report met EAGAIN: again at the next progress
   CompletionList injected_;     // TryInject's completions, for ProgressLocked (domain lock)
   uint64_t user_received_ = 0;  // user messages consumed by receives

@@ -72,6 +72,7 @@
 #include "core/accept.h"
 #include "core/clock.h"
 #include "core/fd.h"
+#include "core/flow_window.h"
 #include "core/keyslot.h"
 #include "core/log.h"
 #include "core/mutex.h"
@@ -102,13 +103,8 @@ constexpr uint16_t kWireVersion = 1;
 // alike (the posix FIFO bounds only what is in flight, not what the
 // receiver copies out of it). With the window the peer holds
 // at most this many such messages, and later sends wait on the sender's
-// side (EpCore::held) until the peer reports it has received more.
-//
-// The flow-control report, a control message: a marker and the count of
-// the sender's messages our receives have consumed (9 bytes; core
-// emulation's control messages carry a longer header, so never collide).
-constexpr uint8_t kCreditMarker = 0xc1;
-constexpr size_t kCreditSize = 9;
+// side (EpCore::held) until the peer reports it has received more. The
+// counters and the report's record are core's (core/flow_window.h).
 constexpr size_t kMaxWireField = 64 * 1024;
 
 // ---------------------------------------------------------------- helpers
@@ -789,11 +785,11 @@ std::vector<Lane> ParseLanes(const std::string& text) {
   return lanes;
 }
 
+constexpr uint64_t kControlBit = 1;  // the tag's channel bit
 uint64_t MakeTag(uint32_t id, uint32_t secret, bool control) {
-  return (uint64_t{id} << 32) | (uint64_t{secret & 0x7fffffffu} << 1) | (control ? 1u : 0u);
+  return (uint64_t{id} << 32) | (uint64_t{secret & 0x7fffffffu} << 1) | (control ? kControlBit : 0);
 }
 constexpr uint64_t kFullMask = ~uint64_t{0};
-constexpr uint64_t kControlBit = 1;  // MakeTag's channel bit
 // Workers with more endpoints than this find control messages by the
 // control bit alone (Worker::DrainControlLocked).
 constexpr size_t kExactProbeMax = 16;
@@ -826,7 +822,6 @@ ucs_status_t Submit(Op* op, Call call) {
 struct Op;
 void SettleLocked(Op* op);
 void NoteConsumedLocked(EpCore* c);
-bool DecodeCredit(std::span<const uint8_t> msg, uint64_t* consumed);
 void OnSend(void* request, ucs_status_t status, void* user_data);
 void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
             void* user_data);
@@ -1204,24 +1199,16 @@ struct EpCore : std::enable_shared_from_this<EpCore> {
   KeySlot* peer_table = nullptr;
   size_t peer_slots = 0;
   absl::flat_hash_map<uint32_t, std::pair<uint32_t, ucp_rkey_h>> rkeys;  // slot -> (gen, rkey)
-  // Flow control (Settings::flow_window; on when both sides window, set at
-  // the handshake). At most flow_window user messages (sends and injected
-  // sends) are with UCX beyond what the peer reported consumed; later ones
-  // wait in `held`, in order (user sends are also in `sends`, injected
-  // copies in `others`). We report our own consumption every report_every
-  // messages.
-  uint64_t flow_window = 0;
-  uint64_t report_every = 1;
-  uint64_t user_posted = 0;     // user messages handed to UCX
-  uint64_t peer_consumed = 0;   // of those, what the peer reported consumed
-  uint64_t user_received = 0;   // the peer's user messages our receives consumed
-  uint64_t reported = 0;        // user_received at our last report
-  bool flow_queued = false;     // in the worker's flow_due_ list
+  // Flow control (Settings::flow_window; started at the handshake). User
+  // messages (sends and injected sends) beyond the window wait in `held`,
+  // in order (user sends are also in `sends`, injected copies in `others`).
+  FlowWindow flow;
+  uint64_t user_received = 0;  // the peer's user messages our receives consumed
+  bool flow_queued = false;    // in the worker's flow_due_ list
   std::deque<Op*> held;
 
-  bool FlowOpen() const { return flow_window == 0 || user_posted - peer_consumed < flow_window; }
   // Whether a new user send must wait behind the window.
-  bool MustHold() const { return flow_window != 0 && (!held.empty() || !FlowOpen()); }
+  bool MustHold() const { return flow.on() && (!held.empty() || !flow.open()); }
 
   uint64_t RecvTag(bool control) const { return MakeTag(local_id, local_secret, control); }
   uint64_t SendTag(bool control) const { return MakeTag(peer_id, peer_secret, control); }
@@ -1588,12 +1575,10 @@ void SettleLocked(Op* op) {
       op->control_in->done = true;
       op->control_in->ok = (st == UCS_OK);
       if (uint64_t consumed = 0;
-          st == UCS_OK && c != nullptr && DecodeCredit(op->control_in->data, &consumed)) {
-        // The peer's report. Reports may overtake each other: the count
-        // only grows. More than we sent is a broken peer; it cannot open
-        // the window beyond what we sent.
-        op->control_in->handled = true;
-        c->peer_consumed = std::min(std::max(c->peer_consumed, consumed), c->user_posted);
+          st == UCS_OK && c != nullptr &&
+          DecodeRecord(op->control_in->data, kFlowReportMarker, &consumed)) {
+        op->control_in->handled = true;  // the peer's flow report
+        c->flow.PeerReported(consumed);
         if (!c->held.empty()) c->worker->QueueFlowLocked(c);
       }
       if (c != nullptr && c->cq != nullptr) c->cq->NoteService();
@@ -1673,24 +1658,11 @@ void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 // ---------------------------------------------------------------- flow control
 
-std::array<uint8_t, kCreditSize> EncodeCredit(uint64_t consumed) {
-  std::array<uint8_t, kCreditSize> rec;
-  rec[0] = kCreditMarker;
-  std::memcpy(rec.data() + 1, &consumed, 8);
-  return rec;
-}
-
-bool DecodeCredit(std::span<const uint8_t> msg, uint64_t* consumed) {
-  if (msg.size() != kCreditSize || msg[0] != kCreditMarker) return false;
-  std::memcpy(consumed, msg.data() + 1, 8);
-  return true;
-}
-
-// Counts a message of the peer's that one of our receives consumed; a
-// report is due every report_every of them (EpCore).
+// Counts a message of the peer's that one of our receives consumed, and
+// queues a report when one is due.
 void NoteConsumedLocked(EpCore* c) {
-  if (c->flow_window == 0) return;
-  if (++c->user_received - c->reported >= c->report_every) c->worker->QueueFlowLocked(c);
+  if (!c->flow.on()) return;
+  if (c->flow.ReportDue(++c->user_received)) c->worker->QueueFlowLocked(c);
 }
 
 // Sends a copy of `msg` that reports no completion (kInjectSend on the
@@ -1715,7 +1687,7 @@ absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> m
     delete op;
     return UcsError(st, what);
   }
-  if (kind == Op::Kind::kInjectSend) ++c->user_posted;
+  if (kind == Op::Kind::kInjectSend) c->flow.Posted();
   if (op->completed) SettleLocked(op);
   return absl::OkStatus();
 }
@@ -1730,7 +1702,7 @@ void HoldLocked(EpCore* c, Op* op) {
 // Hands held sends to UCX, oldest first, while the window is open.
 size_t ReleaseHeldLocked(EpCore* c) {
   size_t n = 0;
-  while (!c->held.empty() && c->FlowOpen()) {
+  while (!c->held.empty() && c->flow.open()) {
     Op* op = c->held.front();
     c->held.pop_front();
     if (c->held.empty()) c->worker->holding.erase(c);
@@ -1745,7 +1717,7 @@ size_t ReleaseHeldLocked(EpCore* c) {
     ucs_status_t st =
         Submit(op, [&] { return ucp_tag_send_nbx(c->uep, data, len, c->SendTag(false), &p); });
     if (st == UCS_OK) {
-      ++c->user_posted;
+      c->flow.Posted();
     } else {
       op->completed = true;  // settled as failed: a user send reports it in order
       op->ucx_status = st;
@@ -1768,14 +1740,15 @@ size_t Worker::FlowLocked() {
   for (const auto& c : due) {
     c->flow_queued = false;
     if (c->closed || c->dead || c->uep == nullptr) continue;
-    if (c->user_received - c->reported >= c->report_every) {
+    if (c->flow.ReportDue(c->user_received)) {
       // Never behind our own held sends: the peer's window may be what
       // waits for it. A failed one means the endpoint is failing (UCX's
       // error handler reports that).
-      if (SendCopyLocked(c.get(), Op::Kind::kControlSend, EncodeCredit(c->user_received),
+      if (SendCopyLocked(c.get(), Op::Kind::kControlSend,
+                         EncodeRecord(kFlowReportMarker, c->user_received),
                          "sending a ucx flow-control report failed")
               .ok()) {
-        c->reported = c->user_received;
+        c->flow.Reported(c->user_received);
         ++n;
       }
     }
@@ -2124,7 +2097,7 @@ class UcxEndpoint final : public Endpoint {
       w->RecycleUnusedOpLocked(op);
       return UcsError(st, "ucx send failed");
     }
-    ++c->user_posted;
+    c->flow.Posted();
     if (op->completed && op->ucx_status == UCS_OK && c->sends.empty()) {
       // Finished inside the call, nothing of this endpoint ahead of it.
       w->RecycleUnusedOpLocked(op);
@@ -2213,11 +2186,11 @@ class UcxEndpoint final : public Endpoint {
     p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
     void* req = ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &p);
     if (req == nullptr) {
-      ++c->user_posted;
+      c->flow.Posted();
       return absl::OkStatus();
     }
     if (!UCS_PTR_IS_ERR(req)) {
-      ++c->user_posted;  // given to UCX, whatever becomes of it
+      c->flow.Posted();  // given to UCX, whatever becomes of it
       // UCX ignored the flag (1.13 does not): the buffer is still UCX's, so
       // wait, a bounded time; then cancel, and the send is lost like one to
       // a peer that failed.
@@ -2913,10 +2886,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
   core->peer_pid = theirs->fixed.pid;
   // Flow control when both sides window: each reports its consumption
   // often enough for the other's window.
-  if (f.flow_window != 0 && theirs->fixed.flow_window != 0) {
-    core->flow_window = f.flow_window;
-    core->report_every = std::max<uint64_t>(1, theirs->fixed.flow_window / 4);
-  }
+  core->flow.Start(f.flow_window, theirs->fixed.flow_window);
   const bool same_host = std::memcmp(theirs->fixed.boot_id, boot.data(), boot.size()) == 0;
 
   // Phase 1: the primary transports.
