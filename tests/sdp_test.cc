@@ -120,19 +120,9 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   return s;
 }
 
-// Beside every configuration, the two providers with flow control at a
-// window of 4 messages (docs/ucx.md, docs/ofi.md), far below what SDP keeps
-// in flight: its sends then mostly wait for the peer's reports.
-std::vector<std::string> SdpConfigurations() {
-  std::vector<std::string> out = ConformanceConfigurations();
-  out.push_back("ucx:tcp?flow_window=4");
-  out.push_back("ofi:tcp;ofi_rxm?iface=lo&flow_window=4");
-  return out;
-}
-
 std::vector<Param> AllParams(bool with_az = false) {
   std::vector<Param> out;
-  for (const auto& c : SdpConfigurations()) {
+  for (const auto& c : ConformanceConfigurations()) {
     out.push_back({c, Mode::kBcopy});
     out.push_back({c, Mode::kZcopy});
     if (with_az) out.push_back({c, Mode::kAz});
