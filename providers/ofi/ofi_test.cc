@@ -24,6 +24,7 @@
 #include "core/provider.h"
 #include "core/rcache.h"
 #include "gtest/gtest.h"
+#include "tests/connect_pair.h"
 #include "tests/child_process.h"
 
 namespace zsock {
@@ -171,20 +172,6 @@ TEST(OfiConnect, NoListenerIsRefusedAtOnceWithAHint) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << config << ": waited for the timeout";
     EXPECT_TRUE(absl::StrContains(ep.status().message(), "listener")) << config << ": " << ep.status();
   }
-}
-
-// Connects an endpoint on `cq_a` to `listener`, accepted on `cq_b` (both in
-// this process).
-void ConnectThrough(Fabric* fabric, Listener* listener, CompletionQueue* cq_a, CompletionQueue* cq_b,
-                    std::unique_ptr<Endpoint>* a, std::unique_ptr<Endpoint>* b) {
-  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
-  std::thread acceptor([&] { accepted = listener->Accept(cq_b, absl::Seconds(30)); });
-  auto connected = fabric->Connect(listener->address(), cq_a, absl::Seconds(30));
-  acceptor.join();
-  ASSERT_TRUE(connected.ok()) << connected.status();
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
-  *a = std::move(*connected);
-  *b = std::move(*accepted);
 }
 
 // Two endpoints of one fabric, connected in one process.

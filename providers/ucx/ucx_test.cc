@@ -9,7 +9,6 @@
 
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -18,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "core/provider.h"
 #include "gtest/gtest.h"
+#include "tests/connect_pair.h"
 
 namespace zsock {
 namespace {
@@ -322,17 +322,6 @@ struct FlowPair {
   std::vector<std::unique_ptr<Endpoint>> idle;
 };
 
-void Connect(FlowPair* p, std::unique_ptr<Endpoint>* a, std::unique_ptr<Endpoint>* b) {
-  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
-  std::thread acceptor([&] { accepted = p->listener->Accept(p->cq_b.get(), kTimeout); });
-  auto connected = p->fa->Connect(p->listener->address(), p->cq_a.get(), kTimeout);
-  acceptor.join();
-  ASSERT_TRUE(connected.ok()) << connected.status();
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
-  *a = std::move(*connected);
-  *b = std::move(*accepted);
-}
-
 void OpenFlowPair(const std::string& config_a, const std::string& config_b, FlowPair* p,
                   int idle = 0) {
   auto fa = Fabric::Open(config_a);
@@ -346,10 +335,12 @@ void OpenFlowPair(const std::string& config_a, const std::string& config_b, Flow
   auto listener = p->fb->Listen("");
   ASSERT_TRUE(listener.ok()) << listener.status();
   p->listener = std::move(*listener);
-  ASSERT_NO_FATAL_FAILURE(Connect(p, &p->a, &p->b));
+  ASSERT_NO_FATAL_FAILURE(ConnectThrough(p->fa.get(), p->listener.get(), p->cq_a.get(),
+                                         p->cq_b.get(), &p->a, &p->b, kTimeout));
   for (int i = 0; i < idle; ++i) {
     std::unique_ptr<Endpoint> a, b;
-    ASSERT_NO_FATAL_FAILURE(Connect(p, &a, &b));
+    ASSERT_NO_FATAL_FAILURE(ConnectThrough(p->fa.get(), p->listener.get(), p->cq_a.get(),
+                                           p->cq_b.get(), &a, &b, kTimeout));
     p->idle.push_back(std::move(a));
     p->idle.push_back(std::move(b));
   }
