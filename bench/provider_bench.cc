@@ -68,6 +68,9 @@ ABSL_FLAG(bool, rma_read, true,
           "also stream RDMA reads of each size (window sends outstanding) where the provider "
           "offers RDMA read, native or emulated: the ceiling of what zero-copy and AZ-SDP can "
           "pull");
+ABSL_FLAG(int, idle, 0,
+          "more connections, each with one receive posted on both sides, that stay idle on the "
+          "measured connection's CQs (how a poll scales with the endpoints a CQ holds)");
 
 namespace zsock {
 namespace {
@@ -92,6 +95,24 @@ void Pin(int core) {
   _exit(1);
 }
 
+// --idle: connections that carry nothing, each with a receive posted (as a
+// server's idle clients have), on the CQ the measured connection uses.
+constexpr uint64_t kIdleContext = 0x1d1e;
+
+class IdleConnections {
+ public:
+  void Add(std::unique_ptr<Endpoint> ep) {
+    if (auto st = ep->PostRecv(buf_.data(), buf_.size(), nullptr, kIdleContext); !st.ok()) {
+      Die(st.ToString());
+    }
+    eps_.push_back(std::move(ep));
+  }
+
+ private:
+  std::array<uint8_t, 64> buf_{};  // never written: nothing is sent on them
+  std::vector<std::unique_ptr<Endpoint>> eps_;
+};
+
 int Iters(size_t size) {
   int it = absl::GetFlag(FLAGS_iters);
   if (size >= (1 << 20)) return std::max(50, it / 100);
@@ -114,10 +135,14 @@ class Completions {
   Completions(CompletionQueue* cq, bool spin) : cq_(cq), spin_(spin) {}
 
   Completion Next() {
-    if (head_ == n_) Refill();
-    Completion c = std::move(buf_[head_++]);
-    if (!c.status.ok()) Die(c.status.ToString());
-    return c;
+    for (;;) {
+      if (head_ == n_) Refill();
+      Completion c = std::move(buf_[head_++]);
+      // An idle connection's receive ends only when the peer has gone.
+      if (c.context == kIdleContext) continue;
+      if (!c.status.ok()) Die(c.status.ToString());
+      return c;
+    }
   }
 
  private:
@@ -227,6 +252,12 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
   auto ep = (*listener)->Accept(cq->get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
   Endpoint* e = ep->get();
+  IdleConnections idle;
+  for (int i = 0; i < absl::GetFlag(FLAGS_idle); ++i) {
+    auto more = (*listener)->Accept(cq->get(), absl::Seconds(30));
+    if (!more.ok()) Die(more.status().ToString());
+    idle.Add(std::move(*more));
+  }
   Completions comps(cq->get(), Spin());
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(max));
@@ -367,6 +398,12 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
   auto ep = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
   Endpoint* e = ep->get();
+  IdleConnections idle;
+  for (int i = 0; i < absl::GetFlag(FLAGS_idle); ++i) {
+    auto more = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
+    if (!more.ok()) Die(more.status().ToString());
+    idle.Add(std::move(*more));
+  }
   Completions comps(cq->get(), Spin());
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<uint8_t> out(max, 0x5a), in(max);
