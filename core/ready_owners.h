@@ -31,6 +31,7 @@ class ReadyOwners {
   }
   // Compare only, never follow: an event may name an owner already gone.
   bool contains(const void* owner) const { return owners_.contains(owner); }
+  bool empty() const { return owners_.empty(); }
 
  private:
   std::vector<epoll_event> events_;

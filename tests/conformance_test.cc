@@ -165,6 +165,28 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     return ep.ok() ? std::move(*ep) : nullptr;
   }
 
+  // In a child: opens a fabric + CQ and connects n endpoints on that CQ.
+  struct ChildConns {
+    std::unique_ptr<Fabric> fabric;
+    std::unique_ptr<CompletionQueue> cq;
+    std::vector<std::unique_ptr<Endpoint>> eps;
+  };
+  ChildConns ChildConnectMany(int n) {
+    ChildConns c;
+    auto fabric = Fabric::Open(GetParam());
+    CHILD_OK(fabric.status());
+    c.fabric = std::move(*fabric);
+    auto cq = c.fabric->CreateCq();
+    CHILD_OK(cq.status());
+    c.cq = std::move(*cq);
+    for (int i = 0; i < n; ++i) {
+      auto ep = c.fabric->Connect(listener_->address(), c.cq.get(), kOpTimeout);
+      CHILD_OK(ep.status());
+      c.eps.push_back(std::move(*ep));
+    }
+    return c;
+  }
+
   // In a child: opens a fabric + CQ and connects to the parent's listener.
   struct ChildConn {
     std::unique_ptr<Fabric> fabric;
@@ -172,17 +194,8 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     std::unique_ptr<Endpoint> ep;
   };
   ChildConn ChildConnect() {
-    ChildConn c;
-    auto fabric = Fabric::Open(GetParam());
-    CHILD_OK(fabric.status());
-    c.fabric = std::move(*fabric);
-    auto cq = c.fabric->CreateCq();
-    CHILD_OK(cq.status());
-    c.cq = std::move(*cq);
-    auto ep = c.fabric->Connect(listener_->address(), c.cq.get(), kOpTimeout);
-    CHILD_OK(ep.status());
-    c.ep = std::move(*ep);
-    return c;
+    ChildConns m = ChildConnectMany(1);
+    return {std::move(m.fabric), std::move(m.cq), std::move(m.eps[0])};
   }
 
   // In a child: connects, then waits until the parent writes a byte to
@@ -1209,16 +1222,9 @@ TEST_P(Conformance, PeerKilledMidTransferFailsOperations) {
 TEST_P(Conformance, SixtyFourConcurrentEndpoints) {
   constexpr int kEndpoints = 64;
   pid_t child = Spawn([&] {
-    auto fabric = Fabric::Open(GetParam());
-    CHILD_OK(fabric.status());
-    auto cq = (*fabric)->CreateCq();
-    CHILD_OK(cq.status());
-    std::vector<std::unique_ptr<Endpoint>> eps;
-    for (int i = 0; i < kEndpoints; ++i) {
-      auto ep = (*fabric)->Connect(listener_->address(), cq->get(), kOpTimeout);
-      CHILD_OK(ep.status());
-      eps.push_back(std::move(*ep));
-    }
+    ChildConns conns = ChildConnectMany(kEndpoints);
+    auto& eps = conns.eps;
+    CompletionQueue* cq = conns.cq.get();
     std::vector<std::string> in(kEndpoints, std::string(64, 0));
     std::vector<std::string> out(kEndpoints);
     for (int i = 0; i < kEndpoints; ++i) {
@@ -1228,7 +1234,7 @@ TEST_P(Conformance, SixtyFourConcurrentEndpoints) {
     }
     int recvs = 0, sends = 0;
     while (recvs < kEndpoints || sends < kEndpoints) {
-      auto c = WaitOk(cq->get());
+      auto c = WaitOk(cq);
       CHILD_OK(c.status());
       if (c->op == OpType::kSend) { ++sends; continue; }
       int i = static_cast<int>(c->context) - 1000;
@@ -1260,6 +1266,135 @@ TEST_P(Conformance, SixtyFourConcurrentEndpoints) {
     replies[i] = absl::StrCat("reply ", n);
     ASSERT_TRUE(eps[i]->Send(replies[i].data(), replies[i].size(), nullptr, 100 + i).ok());
     ++recvs;
+  }
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// Sustained traffic among 40 endpoints per CQ, more than unet and ucx poll
+// one by one (both then look only where a peer signalled: unet's CQ bell,
+// ucx's control-bit probe). Round trips on endpoints picked at random, some
+// after a pause long enough for the child's CQ to fall asleep; a receive
+// posted after its message arrived; then a burst on one endpoint far beyond
+// what the provider buffers, drained by a peer with 4 receives posted. A
+// message the CQ failed to look at would hang here (the waits time out).
+TEST_P(Conformance, TrafficAmongManyEndpointsOnOneCq) {
+  constexpr int kEndpoints = 40;
+  constexpr int kRounds = 300;
+  constexpr int kBurst = 1000;
+  constexpr int kBurstEp = 7, kLateEp = 21, kDoneEp = 33;
+  struct Msg {
+    uint32_t round;
+    uint32_t ep;
+  };
+  pid_t child = Spawn([&] {
+    ChildConns conns = ChildConnectMany(kEndpoints);
+    auto& eps = conns.eps;
+    CompletionQueue* cq = conns.cq.get();
+    std::vector<Msg> in(kEndpoints), echo(kEndpoints);
+    auto post = [&](int i) {
+      CHILD_OK(eps[i]->PostRecv(&in[i], sizeof(Msg), nullptr, static_cast<uint64_t>(i)));
+    };
+    for (int i = 0; i < kEndpoints; ++i) {
+      if (i != kLateEp && i != kBurstEp) post(i);  // both get theirs later
+    }
+    auto next_recv = [&] {  // the echoes' send completions are skipped
+      for (;;) {
+        auto got = WaitOk(cq);
+        CHILD_OK(got.status());
+        if (got->op != OpType::kSend) return std::move(*got);
+      }
+    };
+    // Round trips: echo each message on its endpoint.
+    for (int r = 0; r < kRounds; ++r) {
+      Completion c = next_recv();
+      const int i = static_cast<int>(c.context);
+      CHILD_CHECK(i >= 0 && i < kEndpoints && c.endpoint == eps[i].get());
+      CHILD_CHECK(c.length == sizeof(Msg) && in[i].round == static_cast<uint32_t>(r) &&
+                  in[i].ep == static_cast<uint32_t>(i));
+      // The parent waits for this echo before it sends on i again.
+      echo[i] = in[i];
+      post(i);
+      CHILD_OK(eps[i]->Send(&echo[i], sizeof(Msg), nullptr, 5000));
+    }
+    // The parent's message on kLateEp has had time to arrive; post for it.
+    usleep(20000);
+    post(kLateEp);
+    Completion late = next_recv();
+    CHILD_CHECK(late.context == static_cast<uint64_t>(kLateEp) && in[kLateEp].round == 0xdead);
+    // The burst: 4 receives at a time, in order.
+    std::vector<Msg> burst(4);
+    for (int k = 0; k < 4; ++k) {
+      CHILD_OK(eps[kBurstEp]->PostRecv(&burst[k], sizeof(Msg), nullptr, 1000 + k));
+    }
+    for (int got_n = 0; got_n < kBurst;) {
+      Completion got = next_recv();
+      const int k = static_cast<int>(got.context) - 1000;
+      CHILD_CHECK(k >= 0 && k < 4 && burst[k].round == static_cast<uint32_t>(got_n));
+      ++got_n;
+      if (got_n + 3 < kBurst) {
+        CHILD_OK(eps[kBurstEp]->PostRecv(&burst[k], sizeof(Msg), nullptr, 1000 + k));
+      }
+    }
+    Msg done{0xd0e, kDoneEp};
+    CHILD_OK(eps[kDoneEp]->Send(&done, sizeof(done), nullptr, 1));
+    for (;;) {
+      auto got = WaitOk(cq);
+      CHILD_OK(got.status());
+      if (got->op == OpType::kSend && got->context == 1) break;
+    }
+    usleep(100000);  // the endpoints stay a little after the last send
+    return 0;
+  });
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  for (int i = 0; i < kEndpoints; ++i) {
+    eps.push_back(AcceptOne());
+    ASSERT_NE(eps.back(), nullptr);
+  }
+  std::mt19937 rng(42);
+  Msg out{}, back{};
+  for (int r = 0; r < kRounds; ++r) {
+    const int i = static_cast<int>(rng() % kEndpoints);
+    if (i == kLateEp || i == kBurstEp) {  // kept for the late receive and the burst
+      --r;
+      continue;
+    }
+    if (r % 10 == 9) usleep(3000);  // the child's CQ spins out and sleeps
+    ASSERT_TRUE(eps[i]->PostRecv(&back, sizeof(back), nullptr, 500).ok());
+    out = {static_cast<uint32_t>(r), static_cast<uint32_t>(i)};
+    ASSERT_TRUE(eps[i]->Send(&out, sizeof(out), nullptr, 600).ok());
+    for (int pending = 2; pending > 0; --pending) {
+      auto c = WaitOk(cq_.get());
+      ASSERT_TRUE(c.ok()) << "round " << r << " on endpoint " << i << ": " << c.status();
+      ASSERT_EQ(c->endpoint, eps[i].get());
+      if (c->op == OpType::kRecv) {
+        ASSERT_EQ(back.round, static_cast<uint32_t>(r));
+        ASSERT_EQ(back.ep, static_cast<uint32_t>(i));
+      }
+    }
+  }
+  Msg late{0xdead, kLateEp};
+  ASSERT_TRUE(eps[kLateEp]->Send(&late, sizeof(late), nullptr, 700).ok());
+  ASSERT_TRUE(WaitOk(cq_.get()).ok());
+  std::vector<Msg> burst(kBurst);
+  for (int k = 0; k < kBurst; ++k) {
+    burst[k] = {static_cast<uint32_t>(k), kBurstEp};
+    ASSERT_TRUE(eps[kBurstEp]->Send(&burst[k], sizeof(Msg), nullptr, 2000 + k).ok());
+  }
+  Msg done{};
+  ASSERT_TRUE(eps[kDoneEp]->PostRecv(&done, sizeof(done), nullptr, 800).ok());
+  int sent = 0;
+  bool finished = false;
+  while (sent < kBurst || !finished) {
+    auto c = WaitOk(cq_.get());
+    ASSERT_TRUE(c.ok()) << sent << " of " << kBurst << " burst sends completed: " << c.status();
+    if (c->op == OpType::kSend) {
+      ASSERT_EQ(c->context, static_cast<uint64_t>(2000 + sent));  // in order
+      ++sent;
+    } else {
+      ASSERT_EQ(c->endpoint, eps[kDoneEp].get());
+      ASSERT_EQ(done.round, 0xd0eu);
+      finished = true;
+    }
   }
   EXPECT_EQ(Reap(child), 0);
 }

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -37,9 +38,12 @@ struct FakePeer {
   KeySlot* own_keys = nullptr;     // our key table (the server reads it)
   SegmentLayout server_layout;
   size_t server_size = 0;
-  int fds[3] = {-1, -1, -1};
+  int fds[4] = {-1, -1, -1, -1};  // the server's segment, eventfd, key table, bell
+  CqBell* server_bell = nullptr;   // the server CQ's bell (peers can write it)
+  uint32_t server_bell_slot = kNoBellSlot;
 
   ~FakePeer() {
+    if (server_bell) munmap(server_bell, kBellBytes);
     if (own) munmap(own, own_size);
     if (server) munmap(server, server_size);
     if (server_keys) munmap(server_keys, sizeof(KeySlot) * 16);
@@ -67,7 +71,7 @@ int Memfd(size_t size) {
 // credentials, since the server's socket has SO_PASSCRED.
 bool SendWithFds(int sock, const void* data, size_t len, const int* fds, size_t nfds) {
   iovec iov{const_cast<void*>(data), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -81,8 +85,24 @@ bool SendWithFds(int sock, const void* data, size_t len, const int* fds, size_t 
   return sendmsg(sock, &msg, 0) == static_cast<ssize_t>(len);
 }
 
+// A bell for the fake peer's hello (the server maps it; we never sleep).
+int FakeBell() {
+  int fd = Memfd(kBellBytes);
+  if (fd < 0) return -1;
+  void* m = mmap(nullptr, kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return -1;
+  auto* bell = new (m) CqBell{};
+  bell->magic = kBellMagic;
+  bell->version = kVersion;
+  bell->slots = kBellSlots;
+  munmap(m, kBellBytes);
+  return fd;
+}
+
 // Connects and sends our hello; the server's hello is read by Finish().
-bool Start(const std::string& address, FakePeer* p) {
+// `edit` may change the hello and the bell fd before they are sent.
+bool Start(const std::string& address, FakePeer* p,
+           const std::function<void(Hello*, int* bell_fd)>& edit = nullptr) {
   p->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
@@ -116,20 +136,24 @@ bool Start(const std::string& address, FakePeer* p) {
   auto* cf = reinterpret_cast<FreeSlot*>(p->own + l.ctl_free);
   for (uint32_t i = 0; i < kControlBuffers; ++i) { cf[i].buf = kBuffers + i; cf[i].seq.store(i + 1); }
   static uint64_t probe = 0x1234;
-  Hello hello{kSegmentMagic, kVersion, kRing, kBufSize, kBuffers, 16, 0, l.total,
+  Hello hello{kSegmentMagic, kVersion, kRing, kBufSize, kBuffers, 16, kNoBellSlot, l.total,
               reinterpret_cast<uint64_t>(&probe), probe};
-  int fds[3] = {seg, efd, keys};
-  bool ok = SendWithFds(p->sock, &hello, sizeof(hello), fds, 3);
+  int bell = FakeBell();
+  if (bell < 0) return false;
+  if (edit) edit(&hello, &bell);
+  int fds[4] = {seg, efd, keys, bell};
+  bool ok = SendWithFds(p->sock, &hello, sizeof(hello), fds, 4);
   close(seg);
   close(keys);
   close(efd);
+  close(bell);
   return ok;
 }
 
 bool Finish(FakePeer* p) {
   Hello theirs{};
   iovec iov{&theirs, sizeof(theirs)};
-  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -148,6 +172,10 @@ bool Finish(FakePeer* p) {
   m = mmap(nullptr, sizeof(KeySlot) * 16, PROT_READ | PROT_WRITE, MAP_SHARED, p->fds[2], 0);
   if (m == MAP_FAILED) return false;
   p->server_keys = static_cast<KeySlot*>(m);
+  m = mmap(nullptr, kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fds[3], 0);
+  if (m == MAP_FAILED) return false;
+  p->server_bell = static_cast<CqBell*>(m);
+  p->server_bell_slot = theirs.bell_slot;
   return true;
 }
 
@@ -467,6 +495,86 @@ TEST_F(HostilePeer, MalformedAnnouncementsAreIgnored) {
   ASSERT_TRUE(n.ok() && *n == 1) << "a CPU atomic on an announced segment completes at once";
   EXPECT_EQ(c.context, 10u);
   EXPECT_TRUE(c.status.ok()) << c.status;
+}
+
+// A hello whose CQ bell is too small, not a bell, or whose bell slot is out
+// of range is refused at the handshake, with the reason.
+TEST_F(HostilePeer, HelloWithABadBellIsRefused) {
+  struct Case {
+    const char* what;
+    std::function<void(Hello*, int*)> edit;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"bell too small", [](Hello*, int* bell) { close(*bell); *bell = Memfd(64); }, "CQ bell"},
+      {"not a bell",
+       [](Hello*, int* bell) { close(*bell); *bell = Memfd(kBellBytes); },
+       "wrong magic"},
+      {"slot out of range", [](Hello* h, int*) { h->bell_slot = kBellSlots; },
+       "invalid segment parameters"},
+  };
+  for (const Case& c : cases) {
+    FakePeer peer;
+    ASSERT_TRUE(Start(listener_->address(), &peer, c.edit)) << c.what;
+    auto ep = listener_->Accept(cq_.get(), absl::Seconds(10));
+    ASSERT_FALSE(ep.ok()) << c.what;
+    EXPECT_EQ(ep.status().code(), absl::StatusCode::kFailedPrecondition) << c.what;
+    EXPECT_NE(ep.status().message().find(c.error), std::string::npos)
+        << c.what << ": " << ep.status();
+  }
+}
+
+// With more endpoints than it sweeps, the server's CQ reads its bell. A peer
+// may set any bits (all of them, here) and the armed flag: that costs
+// looks at endpoints with nothing to do, and no message is lost or
+// misdelivered: a fake peer that publishes and rings its own bit is heard.
+TEST_F(HostilePeer, ABellFullOfBitsIsHarmless) {
+  constexpr int kPeers = 24;  // above the CQ's sweep limit
+  std::vector<std::unique_ptr<FakePeer>> peers;
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  for (int i = 0; i < kPeers; ++i) {
+    peers.push_back(std::make_unique<FakePeer>());
+    eps.push_back(Connect(peers.back().get()));
+    ASSERT_NE(eps.back(), nullptr);
+  }
+  std::vector<std::array<char, 16>> in(kPeers);
+  for (int i = 0; i < kPeers; ++i) {
+    ASSERT_TRUE(eps[i]->PostRecv(in[i].data(), in[i].size(), nullptr, 100 + i).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::thread noise([&] {
+    CqBell* bell = peers[0]->server_bell;
+    while (!stop.load()) {
+      for (auto& w : bell->ready) w.store(~uint64_t{0});
+      bell->armed.store(0xffffffff);
+    }
+  });
+  PollFor(absl::Milliseconds(20));
+  // Peer 13 sends "hello 13" properly: publish, then ring its bit.
+  FakePeer& p = *peers[13];
+  Desc* d = p.UserSlot(0);
+  d->type = kUserMsg;
+  d->flags = kFirst | kLast | kInlineData;
+  d->len = 8;
+  d->total = 8;
+  std::memcpy(d->data, "hello 13", 8);
+  Publish(d, 1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  RingBell(p.server_bell, p.server_bell_slot);
+  Completion c;
+  auto n = cq_->Wait(std::span<Completion>(&c, 1), absl::Seconds(10));
+  stop.store(true);
+  noise.join();
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, 1u) << "the rung endpoint's message was not delivered";
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.context, 113u);
+  EXPECT_EQ(c.endpoint, eps[13].get());
+  EXPECT_EQ(std::string(in[13].data(), c.length), "hello 13");
+  // Nothing else arrived, however many bits were set.
+  n = cq_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(20));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 0u);
 }
 
 }  // namespace

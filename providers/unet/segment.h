@@ -22,7 +22,7 @@
 namespace zsock::unet {
 
 inline constexpr uint64_t kSegmentMagic = 0x31746e756b63737aull;  // "zsckunt1"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: the CQ bell (CqBell)
 inline constexpr size_t kInline = 96;
 inline constexpr uint32_t kControlBuffers = 4;
 
@@ -57,16 +57,54 @@ struct SegmentHeader {
   uint32_t nbuffers;  // user buffers; kControlBuffers more follow them
   uint32_t owner_pid;
   uint32_t reserved;
-  // Set by the owner before it sleeps; whoever publishes something the owner
-  // waits for clears it and writes the owner's eventfd.
-  alignas(64) std::atomic<uint32_t> armed;
+  // Version 1's per-segment wake flag; version 2 wakes through the CQ bell's
+  // `armed` (CqBell) and leaves this zero.
+  alignas(64) std::atomic<uint32_t> unused_armed;
   alignas(64) uint8_t pad[64];
 };
 static_assert(sizeof(SegmentHeader) == 192);
 
+// One per completion queue, in a sealed memfd that every peer of the CQ's
+// endpoints maps: the CQ's sleep flag and one "look at me" bit per endpoint
+// slot. A peer that publishes into an endpoint's rings, or returns its
+// buffers, sets that endpoint's bit, then writes the CQ's eventfd if
+// `armed`. A CQ with many endpoints then polls only those whose bits are set
+// instead of asking every endpoint's rings (docs/unet.md, "Notification").
+//
+// Why by hand: this is a cross-process layout in shared memory; no library
+// offers a doorbell bitmap that another process writes.
+inline constexpr uint64_t kBellMagic = 0x6c6c6562746e7573ull;  // "suntbell"
+inline constexpr uint32_t kBellSlots = 4096;
+inline constexpr uint32_t kNoBellSlot = 0xffffffffu;  // endpoint has no bit: always polled
+inline constexpr size_t kBellBytes = 4096;
+
+struct CqBell {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t slots;
+  // Set by the CQ before it sleeps; whoever rings a bit clears it and
+  // writes the CQ's eventfd.
+  alignas(64) std::atomic<uint32_t> armed;
+  alignas(64) std::atomic<uint64_t> ready[kBellSlots / 64];
+};
+static_assert(sizeof(CqBell) <= kBellBytes);
+
+// Sets `slot`'s bit (a peer may ring any slot: the owner treats a bit as a
+// hint and looks at that endpoint's rings). The caller has issued a
+// seq_cst fence after publishing, so the owner, which clears a word with a
+// seq_cst exchange before it reads the rings, either sees the bit or sees
+// what was published. A bit already set is left alone: no store, so an idle
+// sweeping CQ's line stays shared.
+inline void RingBell(CqBell* bell, uint32_t slot) {
+  if (slot >= kBellSlots) return;
+  std::atomic<uint64_t>& w = bell->ready[slot / 64];
+  const uint64_t bit = uint64_t{1} << (slot % 64);
+  if ((w.load(std::memory_order_relaxed) & bit) == 0) w.fetch_or(bit, std::memory_order_seq_cst);
+}
+
 // The connection handshake: each side sends one Hello on the Unix socket
-// with three fds (SCM_RIGHTS: its segment, its CQ's eventfd, its key table)
-// and its credentials (SCM_CREDENTIALS).
+// with four fds (SCM_RIGHTS: its segment, its CQ's eventfd, its key table,
+// its CQ's bell) and its credentials (SCM_CREDENTIALS).
 struct Hello {
   uint64_t magic;
   uint32_t version;
@@ -74,7 +112,7 @@ struct Hello {
   uint32_t buffer_size;
   uint32_t nbuffers;
   uint32_t key_slots;
-  uint32_t reserved;
+  uint32_t bell_slot;    // the sender endpoint's bit in its CQ bell (kNoBellSlot: none)
   uint64_t segment_size;
   uint64_t probe_addr;   // address of probe_value in the sender's memory
                          // (the peer reads it to test cross-memory attach)
