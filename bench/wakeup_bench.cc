@@ -11,7 +11,8 @@
 //   CompletionQueue::Wait (spinning, spin_us adapting up to spin_max_us, then
 //   sleeping on the CQ fd);
 //   --idle=N more connections from the client sit idle on the server's CQ
-//   (how a wake-up scales with the connections a CQ holds).
+//   (how a wake-up scales with the connections a CQ holds); at the sockets
+//   level, N more connected sockets that carry nothing, in both processes.
 // --level=sockets: the zs_* calls (SDP over --provider), then the same over
 //   kernel TCP sockets (TCP_NODELAY) with the same gaps. --pieces=N writes
 //   each request as N sends (as a program writing a header and a body
@@ -49,7 +50,9 @@ ABSL_FLAG(std::string, level, "provider", "provider (Endpoint API) or sockets (z
 ABSL_FLAG(std::string, provider, "unet", "fabric config string");
 ABSL_FLAG(int, gap_us, 1000, "idle time between round trips (both sides fall asleep)");
 ABSL_FLAG(int, rounds, 300, "round trips measured (one more warms up)");
-ABSL_FLAG(int, idle, 0, "provider level: idle connections on the server's CQ besides the measured one");
+ABSL_FLAG(int, idle, 0,
+          "idle connections besides the measured one: on the server's CQ (provider level), or "
+          "idle sockets between the two processes (sockets level)");
 ABSL_FLAG(int, pieces, 1, "sockets level: sends each 64-byte request is written in (1..64)");
 ABSL_FLAG(std::string, wait, "recv", "sockets level: the client waits for the reply in recv or poll");
 
@@ -217,6 +220,7 @@ void SocketsLevel(bool zs) {
               : ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   };
   const int rounds = absl::GetFlag(FLAGS_rounds), gap = absl::GetFlag(FLAGS_gap_us);
+  const int idle = absl::GetFlag(FLAGS_idle);
   int pipe_fd;
   pid_t child = ForkWithPipe(&pipe_fd);
   if (child == 0) {
@@ -225,7 +229,9 @@ void SocketsLevel(bool zs) {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(a);
-    if (l < 0 || bind_(l, &a) != 0 || (zs ? zs_listen(l, 8) : ::listen(l, 8)) != 0 ||
+    const int backlog = 8 + idle;
+    if (l < 0 || bind_(l, &a) != 0 ||
+        (zs ? zs_listen(l, backlog) : ::listen(l, backlog)) != 0 ||
         (zs ? zs_getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)
             : ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)) != 0) {
       Die(absl::StrCat("listen failed: ", std::strerror(errno)));
@@ -233,6 +239,11 @@ void SocketsLevel(bool zs) {
     WriteRecord(pipe_fd, std::to_string(ntohs(a.sin_port)));
     int c = zs ? zs_accept(l, nullptr, nullptr) : ::accept(l, nullptr, nullptr);
     if (c < 0 || nodelay(c) != 0) Die(absl::StrCat("accept failed: ", std::strerror(errno)));
+    for (int i = 0; i < idle; ++i) {  // kept open, never used, until _Exit
+      if ((zs ? zs_accept(l, nullptr, nullptr) : ::accept(l, nullptr, nullptr)) < 0) {
+        Die(absl::StrCat("accepting an idle connection failed: ", std::strerror(errno)));
+      }
+    }
     char b[kMsg];
     for (int i = 0; i <= rounds; ++i) {
       recv_all(c, b, sizeof(b));
@@ -251,6 +262,15 @@ void SocketsLevel(bool zs) {
                    : ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a))) != 0 ||
       nodelay(s) != 0) {
     Die(absl::StrCat("connect failed: ", std::strerror(errno)));
+  }
+  std::vector<int> idle_fds;
+  for (int i = 0; i < idle; ++i) {
+    int t = sock(AF_INET, SOCK_STREAM);
+    if (t < 0 || (zs ? zs_connect(t, reinterpret_cast<sockaddr*>(&a), sizeof(a))
+                     : ::connect(t, reinterpret_cast<sockaddr*>(&a), sizeof(a))) != 0) {
+      Die(absl::StrCat("connecting an idle socket failed: ", std::strerror(errno)));
+    }
+    idle_fds.push_back(t);
   }
   char b[kMsg] = {};
   std::vector<double> rtt;
@@ -275,8 +295,12 @@ void SocketsLevel(bool zs) {
   int status = 0;
   ::waitpid(child, &status, 0);
   if (zs) zs_close(s); else ::close(s);
+  for (int t : idle_fds) {
+    if (zs) zs_close(t); else ::close(t);
+  }
   const std::string how = absl::StrCat(", ", pieces, pieces == 1 ? " send" : " sends",
-                                       poll_first ? ", poll" : "");
+                                       poll_first ? ", poll" : "",
+                                       idle > 0 ? absl::StrCat(", ", idle, " idle") : "");
   Report(zs ? absl::StrCat(absl::GetFlag(FLAGS_provider), " sockets (SDP)", how)
             : absl::StrCat("kernel TCP sockets", how),
          rtt);

@@ -105,6 +105,13 @@ run overlap env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=overlap --provider=une
 run pagefault env ZSOCK_ZCOPY_THRESHOLD=64K "$bench" --test=pagefault --provider=unet \
   --mode=all --sizes=65536,1048576 --window=1,4,16,64 --baseline=tcp \
   --json="$out/az/pagefault.json" --plot="$out/az"
+# Many endpoints on one CQ: the measured pair beside N idle connections
+# (a receive posted on each) on both processes' CQs (docs/unet.md,
+# "Notification": beyond 16 endpoints unet reads its CQ bell).
+run manyeps bash -c 'for n in 0 16 100 500; do
+  bazel-bin/bench/provider_bench --provider=unet --sizes=8,4096 --idle=$n --wait=spin \
+    --baseline_tcp=false --rma_read=false --stream_max_msgs=200000 --iters=10000 --tsv |
+    sed "s/^/idle=$n\t/"; done'
 run peers bash bench/compare_peers.sh --sizes="$peer_sizes"
 run providers bash bench/compare_providers.sh "${prov_args[@]}"
 run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,ofi:tcp-nowait,ucx:tcp \
@@ -182,6 +189,12 @@ for p in az_pngs:
     rel = os.path.relpath(p, "docs")
     print(f"![az {os.path.basename(p)}]({rel})\n")
 
+print("## Many connections on one completion queue\n")
+print("unet provider level: an 8 B and a 4 KiB ping-pong and stream on one pair beside N idle"
+      " connections on both processes' CQs (`provider_bench --idle`). Columns: idle"
+      " connections, size, one-way p50, p99, average (us), ping-pong MB/s, stream MB/s"
+      " (200,000 messages), read MB/s (`-`: not measured).\n")
+print(block("manyeps"))
 print("## Beside the peers a user would pick instead\n")
 print(block("peers"))
 print("## zsock's providers beside libfabric's and UCX's own tools\n")
