@@ -543,6 +543,30 @@ class UnetCq final : public CompletionQueue {
     return endpoints_.size() > kSweepMax;
   }
 
+  // Calls fn(endpoint) for each endpoint whose bell bit is set, until fn
+  // returns true (then returns true). `clear`: take the bits (a seq_cst
+  // exchange, ordered before the reads of the rings: RingBell); otherwise
+  // only read them (seq_cst: after the armed flag's store, ArmProvider).
+  template <typename Fn>
+  bool VisitBellLocked(bool clear, Fn fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t words = (by_slot_.size() + 63) / 64;
+    for (size_t w = 0; w < words; ++w) {
+      std::atomic<uint64_t>& word = bell_->ready[w];
+      if (word.load(std::memory_order_relaxed) == 0) continue;
+      uint64_t bits = clear ? word.exchange(0, std::memory_order_seq_cst)
+                            : word.load(std::memory_order_seq_cst);
+      while (bits != 0) {
+        const size_t slot = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+        bits &= bits - 1;
+        // A bit may name a free slot (a peer's late ring, or any bit a
+        // faulty peer sets): nothing to do.
+        UnetEndpoint* ep = slot < by_slot_.size() ? by_slot_[slot] : nullptr;
+        if (ep != nullptr && fn(ep)) return true;
+      }
+    }
+    return false;
+  }
+
   Fd event_;
   Fd epoll_;
   Fd bell_fd_;
@@ -1683,22 +1707,10 @@ size_t UnetCq::Progress() {
       if (ready_.contains(ep)) n += ep->Progress(true);
     }
   }
-  const size_t words = (by_slot_.size() + 63) / 64;
-  for (size_t w = 0; w < words; ++w) {
-    std::atomic<uint64_t>& word = bell_->ready[w];
-    if (word.load(std::memory_order_relaxed) == 0) continue;
-    // seq_cst: ordered before the reads of the rings (RingBell).
-    uint64_t bits = word.exchange(0, std::memory_order_seq_cst);
-    while (bits != 0) {
-      const size_t slot = w * 64 + static_cast<size_t>(std::countr_zero(bits));
-      bits &= bits - 1;
-      // A bit may name a free slot (a peer's late ring, or any bit a
-      // faulty peer sets): nothing to do.
-      if (UnetEndpoint* ep = slot < by_slot_.size() ? by_slot_[slot] : nullptr) {
-        n += ep->Progress(false);
-      }
-    }
-  }
+  VisitBellLocked(/*clear=*/true, [&](UnetEndpoint* ep) {
+    n += ep->Progress(false);
+    return false;
+  });
   for (UnetEndpoint* ep : unslotted_) n += ep->Progress(check && ready_.contains(ep));
   return n;
 }
@@ -1716,15 +1728,8 @@ bool UnetCq::ArmProvider() {
   }
   // Only endpoints whose bits are set can have work (the bits stay set for
   // the progress that follows a wake-up).
-  const size_t words = (by_slot_.size() + 63) / 64;
-  for (size_t w = 0; w < words; ++w) {
-    uint64_t bits = bell_->ready[w].load(std::memory_order_seq_cst);
-    while (bits != 0) {
-      const size_t slot = w * 64 + static_cast<size_t>(std::countr_zero(bits));
-      bits &= bits - 1;
-      UnetEndpoint* ep = slot < by_slot_.size() ? by_slot_[slot] : nullptr;
-      if (ep != nullptr && ep->ArmAndCheck()) return false;
-    }
+  if (VisitBellLocked(/*clear=*/false, [](UnetEndpoint* ep) { return ep->ArmAndCheck(); })) {
+    return false;
   }
   for (UnetEndpoint* ep : unslotted_) {
     if (ep->ArmAndCheck()) return false;
