@@ -25,6 +25,7 @@
 #include "core/rcache.h"
 #include "gtest/gtest.h"
 #include "tests/connect_pair.h"
+#include "tests/flow_check.h"
 #include "tests/child_process.h"
 
 namespace zsock {
@@ -656,24 +657,10 @@ TEST(OfiFlow, RxmSendsBeyondTheWindowWaitForThePeersReceives) {
       ASSERT_TRUE(a->Send(msgs[i].data(), msgs[i].size(), nullptr, i).ok()) << i;
     }
     // Both sides progress for half a second; b posts nothing.
-    int sent = 0;
-    int next_send = 0;
-    auto poll_a = [&] {
-      Completion c;
-      while (net.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) {
-        ASSERT_TRUE(c.status.ok()) << c.status;
-        ASSERT_EQ(c.context, static_cast<uint64_t>(next_send)) << "send completions out of order";
-        ++next_send;
-        ++sent;
-      }
-    };
-    const absl::Time quiet = absl::Now() + absl::Milliseconds(500);
-    while (absl::Now() < quiet) {
-      ASSERT_NO_FATAL_FAILURE(poll_a());
-      Completion c;
-      ASSERT_EQ(net.cq_b->Poll(std::span<Completion>(&c, 1)), 0u);
-      absl::SleepFor(absl::Microseconds(200));
-    }
+    SendsInOrder sends(net.cq_a.get(), 0);
+    ASSERT_NO_FATAL_FAILURE(
+        ProgressWhileUnreceived(&sends, net.cq_b.get(), absl::Milliseconds(500)));
+    const int sent = static_cast<int>(sends.next());
     if (window > 0) {
       EXPECT_LE(sent, window) << "sends went beyond the window while the peer received nothing";
       EXPECT_GE(sent, 1);
@@ -681,23 +668,8 @@ TEST(OfiFlow, RxmSendsBeyondTheWindowWaitForThePeersReceives) {
       EXPECT_GT(sent, 8) << "without a window rxm should take more than 8 messages";
     }
     // Now b receives them all, in order, while a keeps progressing.
-    for (int i = 0; i < kMessages; ++i) {
-      char buf[64] = {};
-      ASSERT_TRUE(b->PostRecv(buf, sizeof(buf), nullptr, 1000 + i).ok()) << i;
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      Completion c;
-      bool got = false;
-      while (!got && absl::Now() < deadline) {
-        ASSERT_NO_FATAL_FAILURE(poll_a());
-        got = net.cq_b->Poll(std::span<Completion>(&c, 1)) == 1;
-      }
-      ASSERT_TRUE(got) << "message " << i << " never arrived (" << sent << " sends completed)";
-      ASSERT_TRUE(c.status.ok()) << c.status;
-      EXPECT_EQ(std::string(buf, c.length), msgs[i]);
-    }
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (sent < kMessages && absl::Now() < deadline) ASSERT_NO_FATAL_FAILURE(poll_a());
-    EXPECT_EQ(sent, kMessages);
+    ASSERT_NO_FATAL_FAILURE(
+        ReceiveAllInOrder(b.get(), net.cq_b.get(), &sends, msgs, kMessages, absl::Seconds(10)));
     a->Close();
     b->Close();
   }

@@ -18,6 +18,7 @@
 #include "core/provider.h"
 #include "gtest/gtest.h"
 #include "tests/connect_pair.h"
+#include "tests/flow_check.h"
 
 namespace zsock {
 namespace {
@@ -373,23 +374,9 @@ TEST_P(UcxFlow, SendsBeyondTheWindowWaitForThePeersReceives) {
       const uint64_t ctx = i < kInjected ? kInjectContext : static_cast<uint64_t>(i);
       ASSERT_TRUE(p.a->Send(msgs[i].data(), msgs[i].size(), nullptr, ctx).ok()) << i;
     }
-    int next_send = kInjected;
-    auto poll_a = [&] {
-      Completion c;
-      while (p.cq_a->Poll(std::span<Completion>(&c, 1)) == 1) {
-        ASSERT_TRUE(c.status.ok()) << c.status;
-        ASSERT_EQ(c.context, static_cast<uint64_t>(next_send)) << "send completions out of order";
-        ++next_send;
-      }
-    };
-    const absl::Time quiet = absl::Now() + absl::Milliseconds(500);
-    while (absl::Now() < quiet) {
-      ASSERT_NO_FATAL_FAILURE(poll_a());
-      Completion c;
-      ASSERT_EQ(p.cq_b->Poll(std::span<Completion>(&c, 1)), 0u);
-      absl::SleepFor(absl::Microseconds(200));
-    }
-    const int sent = next_send - kInjected;
+    SendsInOrder sends(p.cq_a.get(), kInjected);
+    ASSERT_NO_FATAL_FAILURE(ProgressWhileUnreceived(&sends, p.cq_b.get(), absl::Milliseconds(500)));
+    const int sent = static_cast<int>(sends.next()) - kInjected;
     if (k.window_a > 0 && k.window_b > 0) {
       EXPECT_LE(sent, k.window_a - kInjected)
           << "sends went beyond the window while the peer received nothing";
@@ -397,24 +384,8 @@ TEST_P(UcxFlow, SendsBeyondTheWindowWaitForThePeersReceives) {
     } else {
       EXPECT_EQ(sent, kMessages - kInjected) << "without a window UCX takes every message";
     }
-    for (int i = 0; i < kMessages; ++i) {
-      char buf[64] = {};
-      ASSERT_TRUE(p.b->PostRecv(buf, sizeof(buf), nullptr, 1000 + i).ok()) << i;
-      const absl::Time deadline = absl::Now() + kTimeout;
-      Completion c;
-      bool got = false;
-      while (!got && absl::Now() < deadline) {
-        ASSERT_NO_FATAL_FAILURE(poll_a());
-        got = p.cq_b->Poll(std::span<Completion>(&c, 1)) == 1;
-      }
-      ASSERT_TRUE(got) << "message " << i << " never arrived (" << next_send - kInjected
-                       << " sends completed)";
-      ASSERT_TRUE(c.status.ok()) << c.status;
-      EXPECT_EQ(std::string(buf, c.length), msgs[i]);
-    }
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (next_send < kMessages && absl::Now() < deadline) ASSERT_NO_FATAL_FAILURE(poll_a());
-    EXPECT_EQ(next_send, kMessages);
+    ASSERT_NO_FATAL_FAILURE(
+        ReceiveAllInOrder(p.b.get(), p.cq_b.get(), &sends, msgs, kMessages, kTimeout));
   }
 }
 
