@@ -641,12 +641,16 @@ constexpr size_t kBlobHeader = 9;
 // others left rxm (1.17) touching freed memory in fi_trywait.
 class OfiCq final : public CompletionQueue {
  public:
-  // `backstop_ns` > 0: cq_wait=sockets, whose timer backs off to it; 0
-  // with `sockets`: no timer at all.
-  OfiCq(OfiFabric* fabric, Fd timer, Fd linger_timer, Fd epoll, bool sockets, int64_t backstop_ns)
-      : fabric_(fabric), timer_(std::move(timer)),
-        min_poll_ns_(sockets ? std::min(kMinBackstopNs, backstop_ns) : kMinPollNs),
-        max_poll_ns_(sockets ? backstop_ns : kMaxPollNs), poll_ns_(min_poll_ns_),
+  // `fi_waits`: the fi CQs have FI_WAIT_FD objects, and the timer is a
+  // backstop of a fixed `backstop_ns`; with `sockets` it is a backstop that
+  // backs off from 1 ms to `backstop_ns` (either way no timer at all when
+  // that is 0); without either it is the poll timer.
+  OfiCq(OfiFabric* fabric, Fd timer, Fd linger_timer, Fd epoll, bool sockets, bool fi_waits,
+        int64_t backstop_ns)
+      : fabric_(fabric), timer_(std::move(timer)), fi_waits_(fi_waits),
+        min_poll_ns_(fi_waits ? backstop_ns
+                     : sockets ? std::min(kMinBackstopNs, backstop_ns) : kMinPollNs),
+        max_poll_ns_(sockets || fi_waits ? backstop_ns : kMaxPollNs), poll_ns_(min_poll_ns_),
         on_sockets_(sockets), linger_timer_(std::move(linger_timer)), epoll_(std::move(epoll)) {}
   ~OfiCq() override = default;
 
@@ -694,7 +698,7 @@ class OfiCq final : public CompletionQueue {
   // WaitWakesForWorkFromAnotherThread). So a sleeper wakes, and a waiter
   // about to sleep polls again instead (ArmProvider).
   void PostedLocked() {  // domain lock held
-    if (!timer_) return;  // FI_WAIT_FD: libfabric signals its fd
+    if (fi_waits_) return;  // FI_WAIT_FD: libfabric signals its fd
     ++posts_;
     WakeSleeper();
   }
@@ -737,8 +741,16 @@ class OfiCq final : public CompletionQueue {
   // doubles with every idle wakeup up to 1 ms: prompt while traffic flows,
   // about a thousand cheap wakeups a second at most when idle.
   // With cq_wait=sockets the timer is a backstop only: 1 to 64 ms by
-  // default (option backstop_ms; 0: never armed).
+  // default (option backstop_ms; 0: never armed). With FI_WAIT_FD it is
+  // 64 ms flat (backstop_ms), and bounds what a wake-up libfabric's fd
+  // misses can cost: rxm makes its connections during fi_cq_read,
+  // rate-limited, and one CI run (of about 150) saw a first message among
+  // 40 endpoints never reach a sleeper. Flat, because a sleep of sporadic
+  // traffic that starts at 1 ms meets the next message about when the
+  // timer fires: 1 ms gaps over rxm cost 18% more per round trip
+  // (wakeup_bench p50 184-189 us against 158-161 without the timer).
   Fd timer_;
+  const bool fi_waits_;  // the fi CQs have FI_WAIT_FD objects (fi_trywait)
   const int64_t min_poll_ns_, max_poll_ns_;
   std::atomic<int64_t> poll_ns_;
   // PostedLocked's count, and its value when Progress last read the fi CQs
@@ -1090,13 +1102,14 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
   }
   f->fi_wait_fd_ = wait == CqWait::kFd;
   f->wait_sockets_ = wait == CqWait::kSockets;
-  if (f->settings_.backstop_set && !f->wait_sockets_) {
+  if (f->settings_.backstop_set && wait == CqWait::kNone) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     absl::StrCat("ofi option backstop_ms applies to cq_wait=sockets only",
-                                  tcp_msg && f->settings_.cq_wait == CqWait::kAuto
-                                      ? " (ofi:tcp waits on FI_WAIT_FD here: /proc/self/fd cannot be read)"
-                                      : ""),
-                     "leave it out, or use it with ofi:tcp (whose default is cq_wait=sockets)");
+                     absl::StrCat("ofi option backstop_ms applies to cq_wait=sockets and cq_wait=fd, "
+                                  "not to CQs without a wait object",
+                                  f->settings_.cq_wait == CqWait::kNone
+                                      ? ""
+                                      : " (this provider offers no FI_WAIT_FD CQ)"),
+                     "leave it out: without a wait object a sleeper polls on a timer of 50 us to 1 ms");
   }
   c.wait_fd = wait != CqWait::kNone;
   c.notes.push_back(absl::StrCat(
@@ -1123,6 +1136,11 @@ absl::StatusOr<std::unique_ptr<Fabric>> OfiFabric::Open(const FabricSpec& spec) 
     c.notes.push_back(
         "the provider has no CQ wait object: blocking waits poll with a timer backing off "
         "from 50 us to 1 ms (never a busy core)");
+  } else if (f->settings_.backstop_ns > 0) {
+    c.notes.push_back(absl::StrCat(
+        "cq_wait=fd: blocking waits sleep on the fi CQs' FI_WAIT_FD objects (fi_trywait), with a "
+        "backstop timer that re-polls a sleeping CQ every backstop_ms=",
+        f->settings_.backstop_ns / 1000000));
   }
   if (!rma_wanted) {
     c.notes.push_back(
@@ -2306,20 +2324,20 @@ bool OfiCq::ArmProvider() {
   }
   // RDM without a CQ wait object (shm, cq_wait=none) has nothing for
   // fi_trywait: only the timer.
-  if (!timer_ || fabric_->msg()) {
+  if (fi_waits_ || fabric_->msg()) {
     MutexLock list_lock(&mu_);
     // The fids under the domain lock: an endpoint's Shutdown closes them
     // under it (without mu_).
     DomLock lock(&fabric_->dom_mu());
     std::vector<fid*> fids;
     for (OfiEndpoint* ep : endpoints_) {
-      // CQs without a wait object (timer_) are not for fi_trywait; MSG
+      // CQs without a wait object are not for fi_trywait; MSG
       // event queues always have one (libfabric tcp signals its fd for its
       // own progress, and trywait resets it: left signalled, it would keep
       // the wait set readable).
       // Nor are a lingering endpoint's: their fds are out of the wait set.
       if (ep->Lingering()) continue;
-      if (fid_cq* cq = ep->cq_fid(); cq != nullptr && !timer_) fids.push_back(&cq->fid);
+      if (fid_cq* cq = ep->cq_fid(); cq != nullptr && fi_waits_) fids.push_back(&cq->fid);
       if (fid_eq* eq = ep->eq_fid()) fids.push_back(&eq->fid);
     }
     if (!fids.empty() &&
@@ -2361,16 +2379,18 @@ bool OfiCq::ArmProvider() {
 }
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> OfiFabric::CreateCq() {
+  // The poll timer (no wait object) or the backstop (FI_WAIT_FD, sockets).
+  const bool want_timer = !fi_wait_fd_ || settings_.backstop_ns > 0;
   Fd timer;
-  if (!fi_wait_fd_) timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  if (want_timer) timer.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   Fd linger_timer(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll || !linger_timer || (!fi_wait_fd_ && !timer)) {
+  if (!epoll || !linger_timer || (want_timer && !timer)) {
     return ErrnoError(errno, "creating the ofi CQ wait set failed", "raise the fd limit (ulimit -n)");
   }
   auto cq = std::unique_ptr<OfiCq>(
       new OfiCq(this, std::move(timer), std::move(linger_timer), std::move(epoll), wait_sockets_,
-                settings_.backstop_ns));
+                fi_wait_fd_, settings_.backstop_ns));
   cq->WatchWake();
   return std::unique_ptr<CompletionQueue>(std::move(cq));
 }

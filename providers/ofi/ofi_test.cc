@@ -92,7 +92,9 @@ TEST(OfiOpen, CqWaitChoosesTheCqWaitObject) {
   auto fd = Fabric::Open("ofi:tcp?iface=lo&cq_wait=fd");
   ASSERT_TRUE(fd.ok()) << fd.status();
   EXPECT_TRUE((*fd)->caps().wait_fd);
-  EXPECT_FALSE(HasNote((*fd)->caps(), "cq_wait=")) << "cq_wait=fd is not what the notes say";
+  EXPECT_TRUE(HasNote((*fd)->caps(), "cq_wait=fd")) << "cq_wait=fd is not what the notes say";
+  EXPECT_FALSE(HasNote((*fd)->caps(), "cq_wait=sockets"));
+  EXPECT_FALSE(HasNote((*fd)->caps(), "cq_wait=none"));
   auto none = Fabric::Open("ofi:tcp?iface=lo&cq_wait=none");
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE((*none)->caps().wait_fd);
@@ -111,10 +113,19 @@ TEST(OfiOpen, CqWaitChoosesTheCqWaitObject) {
   ASSERT_FALSE(rxm_sockets.ok());
   EXPECT_EQ(rxm_sockets.status().code(), absl::StatusCode::kInvalidArgument) << rxm_sockets.status();
   EXPECT_TRUE(absl::StrContains(rxm_sockets.status().message(), "ofi:tcp")) << rxm_sockets.status();
-  // The backstop belongs to cq_wait=sockets.
-  auto backstop = Fabric::Open("ofi:tcp?iface=lo&backstop_ms=0");
-  EXPECT_TRUE(backstop.ok()) << backstop.status();
-  for (const char* config : {"ofi:tcp?iface=lo&cq_wait=fd&backstop_ms=2", "ofi:tcp?iface=lo&backstop_ms=soon"}) {
+  // The backstop belongs to the CQs with a wait object: cq_wait=sockets
+  // and cq_wait=fd. Without one the timer is the poll timer.
+  for (const char* config : {"ofi:tcp?iface=lo&backstop_ms=0", "ofi:tcp?iface=lo&cq_wait=fd&backstop_ms=2",
+                             "ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0"}) {
+    auto backstop = Fabric::Open(config);
+    EXPECT_TRUE(backstop.ok()) << config << ": " << backstop.status();
+  }
+  EXPECT_TRUE(HasNote((*rxm)->caps(), "backstop_ms=64")) << "rxm's FI_WAIT_FD CQs have the backstop";
+  auto rxm_bare = Fabric::Open("ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0");
+  ASSERT_TRUE(rxm_bare.ok()) << rxm_bare.status();
+  EXPECT_FALSE(HasNote((*rxm_bare)->caps(), "backstop timer"));
+  for (const char* config : {"ofi:tcp?iface=lo&cq_wait=none&backstop_ms=2", "ofi:tcp?iface=lo&backstop_ms=soon",
+                             "ofi:shm?backstop_ms=8"}) {
     auto refused = Fabric::Open(config);
     ASSERT_FALSE(refused.ok()) << config;
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
@@ -497,6 +508,37 @@ void OpenNet(const std::string& config, Net* net) {
   auto listener = net->fabric->Listen("");
   ASSERT_TRUE(listener.ok()) << listener.status();
   net->listener = std::move(*listener);
+}
+
+// cq_wait=fd's backstop timer: a thread asleep in Wait on an idle rxm
+// connection wakes every backstop_ms to poll (a wake-up libfabric's fd
+// missed costs at most that), and without the timer it sleeps on. Counted
+// as the thread's voluntary context switches: each is one sleep.
+TEST(OfiBackstop, SleeperOnFdWaitsPollsEveryBackstopMs) {
+  auto sleeps_in_half_a_second = [](const std::string& config) -> long {
+    Net net;
+    OpenNet(config, &net);
+    if (::testing::Test::HasFatalFailure()) return -1;
+    std::unique_ptr<Endpoint> a, b;
+    ConnectThrough(net.fabric.get(), net.listener.get(), net.cq_a.get(), net.cq_b.get(), &a, &b);
+    if (::testing::Test::HasFatalFailure()) return -1;
+    char buf[16];
+    EXPECT_TRUE(a->PostRecv(buf, sizeof(buf), nullptr, 1).ok());
+    rusage before{}, after{};
+    getrusage(RUSAGE_THREAD, &before);
+    Completion c;
+    auto n = net.cq_a->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(500));
+    getrusage(RUSAGE_THREAD, &after);
+    EXPECT_TRUE(n.ok() && *n == 0) << config << ": " << n.status();
+    const long sleeps = after.ru_nvcsw - before.ru_nvcsw;
+    std::printf("%s: %ld sleeps in 0.5 s of Wait\n", config.c_str(), sleeps);
+    return sleeps;
+  };
+  const long timed = sleeps_in_half_a_second("ofi:tcp;ofi_rxm?iface=lo&backstop_ms=20");
+  const long bare = sleeps_in_half_a_second("ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0");
+  EXPECT_GE(timed, 12) << "a 20 ms backstop should wake the sleeper about 25 times in 0.5 s";
+  EXPECT_LE(timed, 60) << "the backstop should not make the sleeper spin";
+  EXPECT_LT(bare, timed / 2) << "without the backstop the sleeper should stay asleep";
 }
 
 // cq_wait=sockets with many connections on one CQ, where a poll reads only
