@@ -176,6 +176,7 @@ absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
     if (size_t n = Poll(out); n > 0) return n;
     int64_t now = absl::GetCurrentTimeNanos();
     if (now - start >= spin_ns || now >= deadline) break;
+    SpinYield(now - start);
   }
   // Phase 2: block on the wait fd. How long it took to find something
   // tells the spin whether a longer one would have (AdaptiveSpin).

@@ -151,6 +151,7 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
     const int64_t now = absl::GetCurrentTimeNanos();
     if (start == 0) start = now;
     if (now - start >= spin_ns || now >= deadline_ns) break;
+    SpinYield(now - start);
   }
   // Asleep, wake at least every second to let the caller re-check (a lost
   // wake-up never hangs). An application thread's sleep tells the spin
