@@ -442,6 +442,53 @@ TEST_P(SdpTest, AutocorkTailLeavesWhileTheSenderMakesNoCalls) {
   close(go[1]);
 }
 
+// Sporadic request and reply with the application thread blocked in its
+// receive: the progress thread stands aside (Engine::StandAsideForApp)
+// rather than sleep on the CQ's fd beside it, where both woke for every
+// message and the progress thread took vCPU time and the poll token just
+// when the reply was due. Counted: how often the progress thread woke from
+// the CQ's fd (once per message before, a few times in all now). The echo
+// is checked too.
+TEST_P(SdpTest, ProgressThreadStandsAsideWhileTheApplicationWaits) {
+  constexpr int kRounds = 40;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect(Options(), /*progress_thread=*/true);
+    // From the first message on: set-up may wake the progress thread (shm's
+    // CQ has a poll timer), and that is not what is counted.
+    uint64_t before = 0;
+    for (int r = 0; r < kRounds; ++r) {
+      uint64_t v = 0;
+      auto got = s.conn->Recv(&v, sizeof(v), MSG_WAITALL, Deadline::After(absl::Seconds(20)));
+      CHILD_OK(got.status());
+      CHILD_CHECK(*got == sizeof(v) && v == static_cast<uint64_t>(r));
+      if (r == 0) before = s.engine->stats().background_wakes;
+      v += 1000;
+      auto sent = s.conn->Send(&v, sizeof(v), 0, Deadline());
+      CHILD_OK(sent.status());
+    }
+    const uint64_t wakes = s.engine->stats().background_wakes - before;
+    std::fprintf(stderr, "child: the progress thread woke from the CQ %llu times in %d round trips\n",
+                 (unsigned long long)wakes, kRounds - 1);
+    CHILD_CHECK(wakes <= kRounds / 4);
+    return ChildFinish(s);
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  for (int r = 0; r < kRounds; ++r) {
+    usleep(3000);  // the child's receive spins out and sleeps
+    uint64_t v = static_cast<uint64_t>(r);
+    ASSERT_TRUE(c->Send(&v, sizeof(v), 0, Deadline()).ok());
+    auto got = c->Recv(&v, sizeof(v), MSG_WAITALL, Deadline::After(absl::Seconds(20)));
+    ASSERT_TRUE(got.ok()) << "round " << r << ": " << got.status();
+    ASSERT_EQ(v, static_cast<uint64_t>(r) + 1000) << "round " << r;
+  }
+  ASSERT_TRUE(c->Shutdown(SHUT_WR).ok());
+  char b;
+  auto end = c->Recv(&b, 1, 0, Deadline::After(absl::Seconds(20)));
+  ASSERT_TRUE(end.ok() && *end == 0) << end.status();
+  EXPECT_EQ(Reap(child), 0);
+}
+
 // A request written in three pieces, then a wait for the reply: the third
 // piece is held but leaves when the receive waits, and since no later send
 // joins it, the sender soon stops asking for acknowledgements (each costs

@@ -1,5 +1,7 @@
 #include "core/sdp/engine.h"
 
+#include "core/clock.h"
+
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -105,6 +107,7 @@ EngineStats Engine::stats() const {
   MutexLock lock(&mu_);
   EngineStats s = stats_;
   s.leader_sleeps = leader_sleeps_.load(std::memory_order_relaxed);
+  s.background_wakes = background_wakes_.load(std::memory_order_relaxed);
   s.spin_ns = spin_.budget_ns();
   return s;
 }
@@ -169,6 +172,7 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
       adapt(false);
       return 0;
     }
+    if (background && StandAsideForApp(until)) return 0;
     std::optional<bool> try_arm = TryArmCq();
     if (!try_arm) {  // another thread is polling right now; let it finish
       sched_yield();
@@ -189,10 +193,16 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
         ZS_LOG(kWarn, "sdp: poll on the completion queue fd failed: %s", std::strerror(errno));
       }
       bool notified = notify && (pfd[1].revents & POLLIN);
+      if (background && (pfd[0].revents & POLLIN)) {
+        background_wakes_.fetch_add(1, std::memory_order_relaxed);
+      }
       if (notified) {
         uint64_t v;
         while (::read(notify.get(), &v, sizeof(v)) == sizeof(v)) {}
       }
+      // Both woke for this event: the application thread takes it, and
+      // this one stands aside (at the top of the loop).
+      if (background && !notified && app_leaders_.load(std::memory_order_relaxed) > 0) continue;
       if (size_t n = TakeCq(out); n > 0) {
         adapt(true);
         return n;
@@ -208,6 +218,32 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
       }
     }
   }
+}
+
+bool Engine::AppActiveRecently() const {
+  return app_leaders_.load(std::memory_order_relaxed) > 0 ||
+         CoarseNowNs() - app_left_ns_.load(std::memory_order_relaxed) < kStandAsideNs;
+}
+
+bool Engine::StandAsideForApp(absl::Time until) {
+  if (!AppActiveRecently()) return false;
+  // No signal brings this thread back: an application thread leaving the
+  // engine would pay one on every call, and a busy ping-pong leaves it on
+  // every message. The thread looks again every kStandAsideNs; woken by
+  // its fd (stop), it returns at once.
+  do {
+    const absl::Time now = absl::Now();
+    if (now >= until) break;
+    pollfd pfd{bg_notify_fd_.get(), POLLIN, 0};
+    int ms = static_cast<int>(std::min<int64_t>(
+        {absl::ToInt64Milliseconds(until - now) + 1, kStandAsideNs / 1000000, 1000}));
+    if (::poll(&pfd, 1, ms) > 0) {
+      uint64_t v;
+      while (::read(bg_notify_fd_.get(), &v, sizeof(v)) == sizeof(v)) {}
+      break;
+    }
+  } while (AppActiveRecently());
+  return true;
 }
 
 size_t Engine::TakeCq(std::span<Completion> out) {
@@ -348,10 +384,15 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline
     if (!leading) {
       leading = true;
       stats_.leader_waits++;
+      if (!background) app_leaders_.fetch_add(1, std::memory_order_relaxed);
       mu_.Unlock();
       size_t n = LeadWait(taken_, deadline.Get(), background);
       mu_.Lock();
       leading = false;
+      if (!background) {
+        app_left_ns_.store(CoarseNowNs(), std::memory_order_relaxed);
+        app_leaders_.fetch_sub(1, std::memory_order_relaxed);
+      }
       DispatchTakenLocked(std::span<Completion>(taken_, n));
       // The other leader may be waiting for what this dispatched.
       if (n > 0 && background && leader_) Signal(notify_fd_);
