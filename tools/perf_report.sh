@@ -36,7 +36,7 @@ done
 
 bash tools/install_deps.sh
 bazel build -c opt --config=ci //bench:zsock_bench //bench:provider_bench \
-  //bench:socket_ops_bench //bench:endpoint_ops_bench
+  //bench:socket_ops_bench //bench:endpoint_ops_bench //bench:wakeup_bench
 # The idle Bazel server's JVM keeps working for a while after a build
 # (garbage collection: 36-56 ms of CPU in a 0.4 s benchmark point, seen
 # with perf sched), which on two cores lands beside a pinned benchmark
@@ -52,6 +52,7 @@ if [ "$quick" = 1 ]; then
   ops_reps=2
   msgrate_iters=10000
   stream_bytes=268435456
+  wakeup_rounds=100
 else
   stream_bytes=1073741824
   sizes=8,64,1024,4096,65536,1048576
@@ -60,6 +61,7 @@ else
   sdp_prov_args=(--sizes=8,64,4096 --repeat=5)
   ops_reps=5
   msgrate_iters=50000
+  wakeup_rounds=1000
 fi
 
 out=docs/perf
@@ -112,6 +114,13 @@ run manyeps bash -c 'for n in 0 16 100 500; do
   bazel-bin/bench/provider_bench --provider=unet --sizes=8,4096 --idle=$n --wait=spin \
     --baseline_tcp=false --rma_read=false --stream_max_msgs=200000 --iters=10000 --tsv |
     sed "s/^/idle=$n\t/"; done'
+# Sporadic traffic: round trips 1 ms apart with both sides asleep in
+# between, processes unpinned (as a service's would be): the wake-up path,
+# which the busy benchmarks above never take. The sockets level runs kernel
+# TCP first, with the same gaps.
+run sporadic bash -c 'for p in unet "ofi:tcp;ofi_rxm?iface=lo"; do
+  bazel-bin/bench/wakeup_bench --level=provider --provider="$p" --rounds='"$wakeup_rounds"'; done
+  bazel-bin/bench/wakeup_bench --level=sockets --provider=unet --rounds='"$wakeup_rounds"
 run peers bash bench/compare_peers.sh --sizes="$peer_sizes"
 run providers bash bench/compare_providers.sh "${prov_args[@]}"
 run sdp_providers bash bench/compare_providers.sh --level=sdp --configs=ofi:tcp,ofi:tcp-nowait,ucx:tcp \
@@ -195,6 +204,12 @@ print("unet provider level: an 8 B and a 4 KiB ping-pong and stream on one pair 
       " connections, size, one-way p50, p99, average (us), ping-pong MB/s, stream MB/s"
       " (200,000 messages), read MB/s (`-`: not measured).\n")
 print(block("manyeps"))
+print("## Sporadic traffic: the wake-up path\n")
+print("`wakeup_bench`: 64-byte round trips 1 ms apart, both processes asleep in between and"
+      " not pinned; the provider level waits in `CompletionQueue::Wait`, the sockets level in"
+      " `zs_recv` (SDP, the progress thread running) after kernel TCP with the same gaps."
+      " Round trip in microseconds (docs/benchmarks.md).\n")
+print(block("sporadic"))
 print("## Beside the peers a user would pick instead\n")
 print(block("peers"))
 print("## zsock's providers beside libfabric's and UCX's own tools\n")
