@@ -1282,8 +1282,8 @@ TEST_P(Conformance, TrafficAmongManyEndpointsOnOneCq) {
   // An open bug, not a limit of this host: in one of about 150 runs
   // (2026-11-24, a clean-clone CI under ASan) over rxm with FI_WAIT_FD CQs
   // and no timer, the first message on one of the 40 endpoints (round 3)
-  // never reached the sleeping child within 30 s. Not reproduced in some
-  // 1,000 later runs, under load too. Suspected: rxm's lazily made
+  // never reached the sleeping child within 30 s. Not reproduced in about
+  // 250 later runs, under load too. Suspected: rxm's lazily made
   // connection, whose CM progress libfabric rate-limits. cq_wait=fd now
   // has a backstop timer, which bounds such a stall to backstop_ms; only
   // the configuration without it (backstop_ms=0) skips. docs/ofi.md, "Left".

@@ -202,7 +202,7 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
       }
       // Both woke for this event: the application thread takes it, and
       // this one stands aside (at the top of the loop).
-      if (background && !notified && app_leaders_.load(std::memory_order_relaxed) > 0) continue;
+      if (background && !notified && app_leading_.load(std::memory_order_relaxed)) continue;
       if (size_t n = TakeCq(out); n > 0) {
         adapt(true);
         return n;
@@ -221,7 +221,7 @@ size_t Engine::LeadWait(std::span<Completion> out, absl::Time deadline, bool bac
 }
 
 bool Engine::AppActiveRecently() const {
-  return app_leaders_.load(std::memory_order_relaxed) > 0 ||
+  return app_leading_.load(std::memory_order_relaxed) ||
          CoarseNowNs() - app_left_ns_.load(std::memory_order_relaxed) < kStandAsideNs;
 }
 
@@ -384,14 +384,14 @@ bool Engine::WaitLocked(absl::FunctionRef<bool()> pred, const Deadline& deadline
     if (!leading) {
       leading = true;
       stats_.leader_waits++;
-      if (!background) app_leaders_.fetch_add(1, std::memory_order_relaxed);
+      if (!background) app_leading_.store(true, std::memory_order_relaxed);
       mu_.Unlock();
       size_t n = LeadWait(taken_, deadline.Get(), background);
       mu_.Lock();
       leading = false;
       if (!background) {
         app_left_ns_.store(CoarseNowNs(), std::memory_order_relaxed);
-        app_leaders_.fetch_sub(1, std::memory_order_relaxed);
+        app_leading_.store(false, std::memory_order_relaxed);
       }
       DispatchTakenLocked(std::span<Completion>(taken_, n));
       // The other leader may be waiting for what this dispatched.

@@ -196,9 +196,9 @@ class Engine : private az::FaultClient {
   int cv_waiters_ ABSL_GUARDED_BY(mu_) = 0;  // threads in cv_.WaitWithDeadline
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
   bool bg_leading_ ABSL_GUARDED_BY(mu_) = false;  // the progress thread sleeps on the CQ
-  // Application threads leading now (leader_ counts at most one; readable
-  // without mu_), and when one last stopped (CoarseNowNs): StandAsideForApp.
-  std::atomic<int> app_leaders_{0};
+  // leader_, readable without mu_, and when an application thread last
+  // stopped leading (CoarseNowNs): StandAsideForApp.
+  std::atomic<bool> app_leading_{false};
   std::atomic<int64_t> app_left_ns_{INT64_MIN / 2};
   std::atomic<bool> polling_{false};  // the poll token (TakeCq)
   // The application threads' spin (LeadWait), and how often they slept.
