@@ -229,8 +229,9 @@ bool Engine::StandAsideForApp(absl::Time until) {
   if (!AppActiveRecently()) return false;
   // No signal brings this thread back: an application thread leaving the
   // engine would pay one on every call, and a busy ping-pong leaves it on
-  // every message. The thread looks again every kStandAsideNs; woken by
-  // its fd (stop), it returns at once.
+  // every message. The thread looks again every kStandAsideNs, and returns
+  // once no application thread has led for that long, at `until`, or when
+  // its fd wakes it (stop).
   do {
     const absl::Time now = absl::Now();
     if (now >= until) break;

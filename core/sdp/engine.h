@@ -141,8 +141,9 @@ class Engine : private az::FaultClient {
   size_t LeadWait(std::span<Completion> out, absl::Time deadline, bool background);
   // The progress thread, about to sleep on the CQ or woken there while an
   // application thread leads: while application threads lead, or did
-  // within kStandAsideNs, it sleeps on its own fd instead (polling the CQ
-  // once every kStandAsideNs, in LeadWait) until `until`. True if it stood
+  // within kStandAsideNs, it sleeps on its own fd instead, looking again
+  // every kStandAsideNs, until `until` (at most a second: LeadWait then
+  // polls the CQ once before it stands aside again). True if it stood
   // aside. An application thread that leads wakes for every completion and
   // dispatches for every connection; with two sleepers on the CQ's fd both
   // woke for every message, and the progress thread took vCPU time and the
