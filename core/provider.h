@@ -63,6 +63,10 @@ struct Capabilities {
   // Atomics on memory from Fabric::AllocateRegistered (kNative: the target
   // need not make progress for them to complete).
   Support atomics_allocated = Support::kNone;
+  // RDMA read and write of memory from Fabric::AllocateRegistered (kNative:
+  // the initiator's CPU copies it through its own mapping of the target's
+  // memory, as cheap as a local copy; SDP's pulled bcopy needs it).
+  Support rma_allocated = Support::kNone;
   size_t max_msg_size = 0;       // largest single Send / PostRecv
   size_t max_rma_size = 0;       // largest single Read / Write
   size_t inline_size = 0;        // sends up to this size complete at once
@@ -361,6 +365,15 @@ class Fabric {
   // by the target. Default: anonymous pages + RegisterMemory.
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegistered(size_t len,
                                                                           uint32_t access);
+  // The same, for the peer of `ep` alone: a provider that shares allocated
+  // memory with peers (unet) shares it with that peer only, so no other
+  // peer can map it. Default: AllocateRegistered.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegisteredFor(Endpoint* ep,
+                                                                             size_t len,
+                                                                             uint32_t access) {
+    (void)ep;
+    return AllocateRegistered(len, access);
+  }
 
   virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() = 0;
   // Listens on `address` (provider syntax; "" picks a free one).

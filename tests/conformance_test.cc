@@ -854,6 +854,60 @@ TEST_P(Conformance, AtomicsOnAllocatedMemory) {
   EXPECT_EQ(__atomic_load_n(&words[1], __ATOMIC_SEQ_CST), uint64_t{2 * kOps});
 }
 
+// RDMA read and write of memory from AllocateRegisteredFor, by that
+// endpoint's peer: byte-exact both ways, and a read past the region is
+// refused. Where the provider says such RMA is native (rma_allocated, the
+// initiator copies through its own mapping: unet), the target does not
+// poll its CQ at all meanwhile.
+TEST_P(Conformance, RmaOnMemoryAllocatedForAPeer) {
+  if (fabric_->caps().rdma_read == Support::kNone || fabric_->caps().rdma_write == Support::kNone) {
+    GTEST_SKIP() << "no RDMA read/write on " << GetParam();
+  }
+  const size_t max_rma = fabric_->caps().max_rma_size;
+  const size_t kHalf = std::min<size_t>(128 << 10, max_rma > 0 ? max_rma : size_t{128} << 10);
+  pid_t child = Spawn([&] {
+    ChildConn c = ChildConnect();
+    auto key = RecvKey(c.ep.get());
+    CHILD_OK(key.status());
+    std::vector<uint8_t> in(kHalf), out(kHalf);
+    CHILD_OK(c.ep->Read(in.data(), kHalf, nullptr, key->addr, *key, 1));
+    CHILD_OK(WaitOk(c.cq.get()).status());
+    for (size_t i = 0; i < kHalf; ++i) CHILD_CHECK(in[i] == static_cast<uint8_t>(i * 7 + 1));
+    for (size_t i = 0; i < kHalf; ++i) out[i] = static_cast<uint8_t>(i * 5 + 3);
+    CHILD_OK(c.ep->Write(out.data(), kHalf, nullptr, key->addr + kHalf, *key, 2));
+    CHILD_OK(WaitOk(c.cq.get()).status());
+    // Past the end: refused at the call or by its completion.
+    absl::Status past = c.ep->Read(in.data(), 64, nullptr, key->addr + 2 * kHalf - 32, *key, 3);
+    if (past.ok()) past = WaitOk(c.cq.get()).status();
+    CHILD_CHECK(!past.ok());
+    return 0;
+  });
+  auto ep = AcceptOne();
+  ASSERT_NE(ep, nullptr);
+  auto mr = fabric_->AllocateRegisteredFor(ep.get(), 2 * kHalf, kAccessAll);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  auto* mem = static_cast<uint8_t*>((*mr)->addr());
+  for (size_t i = 0; i < kHalf; ++i) mem[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_TRUE(SendBlob(ep.get(), (*mr)->remote_key().Serialize()).ok());
+  if (fabric_->caps().rma_allocated == Support::kNative) {
+    EXPECT_EQ(Reap(child, absl::Seconds(60)), 0);  // no Poll, no Wait
+  } else {
+    int status = 0;
+    bool exited = false;
+    absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!exited && absl::Now() < deadline) {
+      Completion c;
+      cq_->Wait(std::span<Completion>(&c, 1), absl::Milliseconds(10)).IgnoreError();
+      if (waitpid(child, &status, WNOHANG) == child) exited = true;
+    }
+    ASSERT_TRUE(exited);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < kHalf; ++i) bad += mem[kHalf + i] != static_cast<uint8_t>(i * 5 + 3);
+  EXPECT_EQ(bad, 0u);
+}
+
 // A remote key used outside its bounds or rights is refused, and the
 // target's memory around it is untouched. A refused access may end the
 // connection (as a remote access error does to an RC queue pair), so each

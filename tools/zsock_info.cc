@@ -39,6 +39,10 @@ void PrintCaps(const std::string& config) {
               std::string(SupportName(c.rdma_write)).c_str(),
               std::string(SupportName(c.atomics)).c_str(),
               std::string(SupportName(c.atomics_allocated)).c_str());
+  if (c.rma_allocated != Support::kNone) {
+    std::printf("      rdma read/write of allocated memory %s\n",
+                std::string(SupportName(c.rma_allocated)).c_str());
+  }
   std::printf("      max-msg %zu  max-rma %zu  inline %zu  inject %zu  registration %s  peers %s  wait-fd %s\n",
               c.max_msg_size, c.max_rma_size, c.inline_size, c.inject_size,
               c.registration_required ? "required" : "optional",

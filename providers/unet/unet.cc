@@ -379,6 +379,7 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
 
 class UnetFabric;
 class UnetEndpoint;
+Endpoint* AsEndpoint(UnetEndpoint* ep);  // (defined where UnetEndpoint is complete)
 
 // ------------------------------------------------------------ registrations
 
@@ -619,7 +620,17 @@ class UnetFabric final : public Fabric {
   }
 
   absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegistered(size_t len,
-                                                                   uint32_t access) override;
+                                                                   uint32_t access) override {
+    return AllocateShared(len, access, nullptr);
+  }
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateRegisteredFor(Endpoint* ep, size_t len,
+                                                                      uint32_t access) override {
+    return AllocateShared(len, access, ep);
+  }
+  // A shared segment announced to every peer, now and later, or (`only`)
+  // to that endpoint's peer alone.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> AllocateShared(size_t len, uint32_t access,
+                                                               Endpoint* only);
 
   // Endpoints announce to their peers every shared segment, now and later.
   void AttachEndpoint(UnetEndpoint* ep, int sock);
@@ -670,6 +681,7 @@ class UnetFabric final : public Fabric {
     caps_.rdma_write = caps_.rdma_read;
     caps_.atomics = Support::kEmulated;
     caps_.atomics_allocated = Support::kNative;
+    caps_.rma_allocated = Support::kNative;
     caps_.max_msg_size = kMaxMessage;
     // Emulated (cma=off, or a peer that denies cross-memory attach), a
     // read's answer carries its data and headers in one message
@@ -687,6 +699,9 @@ class UnetFabric final : public Fabric {
     } else {
       caps_.notes.push_back("rdma read/write: copied through the segment (unet_cma=off)");
     }
+    caps_.notes.push_back(
+        "rdma read/write of memory from AllocateRegistered: a copy through this process's "
+        "mapping of the peer's shared segment (no kernel, no target progress)");
     caps_.notes.push_back(
         "atomics: CPU atomics on memory from AllocateRegistered (a shared segment; no "
         "target progress needed), otherwise executed by the target's progress engine");
@@ -788,8 +803,9 @@ class UnetSharedRegion final : public MemoryRegion {
   std::unique_ptr<UnetRegion> reg_;
 };
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateRegistered(size_t len,
-                                                                             uint32_t access) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateShared(size_t len,
+                                                                         uint32_t access,
+                                                                         Endpoint* only) {
   if (len == 0) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                      "cannot allocate an empty registered region", "ask for at least one byte");
@@ -804,8 +820,12 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateRegistered(siz
   auto reg = RegisterSlot(map->get(), len, access, id);
   if (!reg.ok()) return reg.status();
   uint64_t base = reinterpret_cast<uint64_t>(map->get());
-  shared_.push_back({id, fd->get(), base, size});
-  for (const auto& [ep, sock] : endpoints_) AnnounceShared(sock, id, fd->get(), base, size);
+  if (only == nullptr) shared_.push_back({id, fd->get(), base, size});
+  for (const auto& [ep, sock] : endpoints_) {
+    if (only == nullptr || AsEndpoint(ep) == only) {
+      AnnounceShared(sock, id, fd->get(), base, size);
+    }
+  }
   return std::unique_ptr<MemoryRegion>(
       new UnetSharedRegion(this, id, std::move(*fd), std::move(*map), std::move(*reg)));
 }
@@ -913,12 +933,19 @@ class UnetEndpoint final : public Endpoint {
 
   absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
                     const RemoteKey& rkey, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = MappedAccess(OpType::kRead, local, len, remote_addr, rkey, context, &handled);
+    if (handled) return st;
     if (!p_.cma) return Endpoint::Read(local, len, mr, remote_addr, rkey, context);
     return DirectAccess(OpType::kRead, local, len, remote_addr, rkey, context);
   }
 
   absl::Status Write(const void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
                      const RemoteKey& rkey, uint64_t context) override {
+    bool handled = false;
+    absl::Status st = MappedAccess(OpType::kWrite, const_cast<void*>(local), len, remote_addr,
+                                   rkey, context, &handled);
+    if (handled) return st;
     if (!p_.cma) return Endpoint::Write(local, len, mr, remote_addr, rkey, context);
     return DirectAccess(OpType::kWrite, const_cast<void*>(local), len, remote_addr, rkey, context);
   }
@@ -1393,7 +1420,6 @@ class UnetEndpoint final : public Endpoint {
              .ok()) {
       return absl::OkStatus();  // let emulation report the refusal from the target
     }
-    uint32_t shm_id = e->shm_id;
     uint64_t* word = nullptr;
     {
       MutexLock lock(&mu_);
@@ -1402,17 +1428,7 @@ class UnetEndpoint final : public Endpoint {
         *handled = true;
         return closed_ ? ClosedError() : dead_status_;
       }
-      if (shm_id != 0) {
-        auto it = peer_shm_.find(shm_id);
-        if (it == peer_shm_.end()) {
-          ServiceSocketLocked();
-          it = peer_shm_.find(shm_id);
-        }
-        if (it != peer_shm_.end() && remote_addr >= it->second.base &&
-            remote_addr - it->second.base <= it->second.size - 8) {
-          word = reinterpret_cast<uint64_t*>(it->second.map.get() + (remote_addr - it->second.base));
-        }
-      }
+      word = reinterpret_cast<uint64_t*>(PeerShmLocked(e->shm_id, remote_addr, 8));
     }
     if (word == nullptr) {
       Unpin(e);
@@ -1428,10 +1444,75 @@ class UnetEndpoint final : public Endpoint {
     Unpin(e);
     if (result != nullptr) *result = old;
     *handled = true;
+    return PushDone(context, op, 8);
+  }
+
+  // Where [remote_addr, remote_addr + len) of the peer lies in our mapping
+  // of its shared segment shm_id (0: not in a shared segment), or nullptr.
+  uint8_t* PeerShmLocked(uint32_t shm_id, uint64_t remote_addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shm_id == 0) return nullptr;
+    auto it = peer_shm_.find(shm_id);
+    if (it == peer_shm_.end()) {
+      ServiceSocketLocked();  // the announcement may still be on the socket
+      it = peer_shm_.find(shm_id);
+    }
+    if (it == peer_shm_.end() || remote_addr < it->second.base || len > it->second.size ||
+        remote_addr - it->second.base > it->second.size - len) {
+      return nullptr;
+    }
+    return it->second.map.get() + (remote_addr - it->second.base);
+  }
+
+  // RDMA read or write of memory the peer allocated with
+  // AllocateRegistered: a copy through our own mapping of its segment,
+  // after the key-table check (rma_allocated = native). Neither the kernel
+  // nor the target takes part, and nothing is copied twice: this is what
+  // makes SDP's pulled bcopy (docs/protocol.md) one copy on each side. Sets
+  // *handled = false for other memory, or a refused key (the caller's path
+  // reports the refusal).
+  absl::Status MappedAccess(OpType op, void* local, size_t len, uint64_t remote_addr,
+                            const RemoteKey& rkey, uint64_t context, bool* handled) {
+    *handled = false;
+    KeySlot* e;
+    const uint32_t access = op == OpType::kRead ? kRemoteRead : kRemoteWrite;
+    if (len == 0 || !PinKey(reinterpret_cast<KeySlot*>(p_.peer_keys.get()), p_.peer_key_slots,
+                            rkey, remote_addr, len, access, &e)
+                         .ok()) {
+      return absl::OkStatus();
+    }
+    uint8_t* remote = nullptr;
+    {
+      MutexLock lock(&mu_);
+      if (closed_ || dead_) {
+        Unpin(e);
+        *handled = true;
+        return closed_ ? ClosedError() : dead_status_;
+      }
+      remote = PeerShmLocked(e->shm_id, remote_addr, len);
+    }
+    if (remote == nullptr) {
+      Unpin(e);
+      return absl::OkStatus();
+    }
+    // The pin (the slot's `active` count) holds off a revocation, so the
+    // peer does not reuse the memory while we copy.
+    if (op == OpType::kRead) {
+      CopyBytes(local, remote, len);
+    } else {
+      CopyBytes(remote, local, len);
+    }
+    Unpin(e);
+    *handled = true;
+    return PushDone(context, op, len);
+  }
+
+  // Reports a one-sided operation that finished at the call.
+  absl::Status PushDone(uint64_t context, OpType op, size_t len) {
     Completion c;
     c.context = context;
     c.op = op;
-    c.length = 8;
+    c.length = len;
     c.endpoint = this;
     cq_->Push(std::move(c));
     return absl::OkStatus();
@@ -1490,13 +1571,7 @@ class UnetEndpoint final : public Endpoint {
     }
     Unpin(e);
     if (!st.ok()) return st;
-    Completion c;
-    c.context = context;
-    c.op = op;
-    c.length = len;
-    c.endpoint = this;
-    cq_->Push(std::move(c));
-    return absl::OkStatus();
+    return PushDone(context, op, len);
   }
 
   struct PeerShm {
@@ -1537,6 +1612,8 @@ class UnetEndpoint final : public Endpoint {
   std::atomic<bool> hint_busy_{false};    // queued sends, or dead
   std::atomic<bool> hint_posted_{false};  // receives are posted
 };
+
+Endpoint* AsEndpoint(UnetEndpoint* ep) { return ep; }
 
 size_t UnetEndpoint::Progress(bool check_liveness) {
   if (!check_liveness && !MayHaveWork()) return 0;
