@@ -73,6 +73,10 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
       {"zcopy_threshold", ConfigType::kSize, "128K",
        "SDP: smallest send (and receive buffer) that goes zero-copy in zcopy mode", {}, 1024,
        int64_t{1} << 30},
+      {"pull_threshold", ConfigType::kSize, "32K",
+       "SDP: smallest bcopy send that goes pulled (copied once into a buffer the "
+       "peer reads straight into its application's buffer) where the peer's reads "
+       "of our memory are CPU copies (unet); 0: never", {}, 0, int64_t{1} << 30},
       {"unet_ring_entries", ConfigType::kInt, "256",
        "unet: descriptors per receive ring (power of two)", {}, 8, 65536},
       {"unet_buffer_size", ConfigType::kSize, "32K",

@@ -14,6 +14,7 @@
   X(srcavail_cancels) X(sendsmall) X(sinkavail_sent) X(sinkavail_cancels) X(sinkavail_void) \
   X(sinkavail_received) X(cancels_received) X(rdma_fallbacks) X(az_srcavail_sent)          \
   X(az_bytes) X(az_hybrid_bcopy) X(az_unprotectable) X(az_faults) X(az_copies)             \
-  X(az_blocks) X(az_fallbacks) X(az_recv_early)
+  X(az_blocks) X(az_fallbacks) X(az_recv_early) X(pull_srcavail_sent) X(bytes_sent_pull)   \
+  X(bytes_recv_pull)
 
 #endif  // ZSOCK_SOCKETS_STATS_FIELDS_H_

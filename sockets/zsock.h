@@ -72,6 +72,9 @@ struct zs_stats {
   uint64_t az_blocks;            /* AZ-SDP: faults that waited for the transfer */
   uint64_t az_fallbacks;         /* AZ-SDP: switches to zcopy after too many faults */
   uint64_t az_recv_early;        /* AZ-SDP: receives returned before their data landed */
+  uint64_t pull_srcavail_sent;   /* pulled bcopy: SrcAvails of copied bytes (docs/protocol.md) */
+  uint64_t bytes_sent_pull;      /* pulled bcopy: payload the peer pulled from our copy */
+  uint64_t bytes_recv_pull;      /* pulled bcopy: payload this side pulled */
 };
 
 int zs_socket(int domain, int type, int protocol);

@@ -6,6 +6,7 @@
 // open their own engine and leave with _exit; no endpoint exists at fork.
 #include <signal.h>
 #include <sys/mman.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +226,26 @@ class SdpTest : public ::testing::TestWithParam<Param> {
     return {std::move(*engine), std::move(*l)};
   }
 
+  // Reaps the child while this side's engine makes progress as an event
+  // loop's would (Poll, then a wait on its fd), for tests where no call of
+  // ours is waiting: the child's exit status, or -1 if it did not exit
+  // within 60 s (then it is killed).
+  int ReapWhilePolling(pid_t child) {
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < until) {
+      engine_->Poll();
+      pollfd pfd{engine_->wait_fd(), POLLIN, 0};
+      ::poll(&pfd, 1, 10);
+      int status = 0;
+      if (waitpid(child, &status, WNOHANG) == child) {
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+    }
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    return -1;
+  }
+
   std::unique_ptr<Connection> AcceptOne() {
     auto c = listener_->Accept(Deadline());
     EXPECT_TRUE(c.ok()) << c.status();
@@ -329,10 +350,19 @@ TEST_P(SdpTest, RandomLengthsBothDirectionsByteExact) {
               (unsigned long long)stats.bytes_recv_bcopy,
               (unsigned long long)stats.bytes_recv_srcavail,
               (unsigned long long)stats.bytes_recv_sinkavail);
-  EXPECT_EQ(stats.bytes_recv_bcopy + stats.bytes_recv_srcavail + stats.bytes_recv_sinkavail,
+  EXPECT_EQ(stats.bytes_recv_bcopy + stats.bytes_recv_srcavail + stats.bytes_recv_sinkavail +
+                stats.bytes_recv_pull,
             total);
+  // In bcopy mode the child's sends of 32 KiB and more go pulled where it
+  // is offered (the two sides run the same provider, so this side's view
+  // is the child's); in zcopy modes those above zcopy_threshold do not.
+  if (!c->pull_negotiated()) {
+    EXPECT_EQ(stats.bytes_recv_pull, 0u);
+  } else if (GetParam().mode == Mode::kBcopy) {
+    EXPECT_GT(stats.bytes_recv_pull, 0u);
+  }
   if (GetParam().mode == Mode::kBcopy) {
-    EXPECT_EQ(stats.bytes_recv_bcopy, total);
+    EXPECT_EQ(stats.bytes_recv_bcopy + stats.bytes_recv_pull, total);
   } else {
     EXPECT_GT(stats.bytes_recv_srcavail + stats.bytes_recv_sinkavail, 0u);
   }
@@ -352,6 +382,104 @@ TEST_P(SdpTest, RandomLengthsBothDirectionsByteExact) {
 
 // Many small writes while the reader is slow: they coalesce (reverse
 // packetization) and arrive byte-exact.
+// Pulled bcopy (docs/protocol.md): where the peer offers it, the large
+// sends of a bcopy stream go as pulled SrcAvails, in stream order with the
+// small sends between them and byte-exact; with pull_threshold 0 none does,
+// and where it is not offered (every provider but unet) none does either.
+TEST_P(SdpTest, PulledBcopyKeepsStreamOrderWithSmallSends) {
+  if (GetParam().mode != Mode::kBcopy) GTEST_SKIP() << "bcopy mode's path";
+  // Large sends (a pull buffer's worth and more, odd sizes) between small
+  // ones, so that adverts and Data interleave, and the ring wraps.
+  const std::vector<size_t> sizes = {(1 << 20) + 13, 100,        (300 << 10) + 7, 5,
+                                     (32 << 10),      (32 << 10) - 1, (3 << 20) + 4095, 1,
+                                     (700 << 10),     4096};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  constexpr uint64_t kSeed = 43;
+  auto send_all = [&](Connection* c) -> std::string {
+    std::vector<uint8_t> buf(4 << 20);
+    uint64_t off = 0;
+    for (size_t n : sizes) {
+      FillStream(buf.data(), off, n, kSeed);
+      for (size_t done = 0; done < n;) {
+        auto r = c->Send(buf.data() + done, n - done, 0, Deadline());
+        if (!r.ok()) return r.status().ToString();
+        done += *r;
+      }
+      off += n;
+    }
+    return "";
+  };
+  pid_t child = Spawn([&] {
+    ConnectionOptions never = Options();
+    never.pull_threshold = 0;
+    for (ConnectionOptions o : {Options(), never}) {
+      ChildSide s = ChildConnect(o);
+      std::string err = send_all(s.conn.get());
+      if (!err.empty()) ChildFail(__LINE__, err);
+      const uint64_t adverts = s.conn->stats().pull_srcavail_sent;
+      if (s.conn->pull_negotiated()) {
+        CHILD_CHECK(adverts >= 7);  // the 1 MiB send alone takes four
+      } else {
+        CHILD_CHECK(adverts == 0);
+      }
+      ChildFinish(s);
+    }
+    return 0;
+  });
+  for (int i = 0; i < 2; ++i) {
+    auto c = AcceptOne();
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(ReadStream(c.get(), total, kSeed), "") << "connection " << i;
+    const ConnectionStats st = c->stats();
+    EXPECT_EQ(st.bytes_recv_bcopy + st.bytes_recv_pull, total);
+    // The child's view decides; this side's offer is what it saw.
+    if (i == 0 && c->pull_negotiated()) {
+      EXPECT_GT(st.bytes_recv_pull, size_t{4} << 20) << "connection " << i;
+    } else {
+      EXPECT_EQ(st.bytes_recv_pull, 0u) << "connection " << i;
+    }
+    ASSERT_TRUE(c->Shutdown(SHUT_WR).ok());
+  }
+  EXPECT_EQ(Reap(child), 0);
+}
+
+// A receiver that shuts down reading discards pulled adverts, queued and
+// arriving, as it discards Data: the sender's sends all return and its
+// Close finishes (it does not wait for reads that will never come).
+TEST_P(SdpTest, ShutdownReadDiscardsPulledAdverts) {
+  if (GetParam().mode != Mode::kBcopy) GTEST_SKIP() << "bcopy mode's path";
+  constexpr size_t kSend = 1 << 20;
+  constexpr int kSends = 8;
+  pid_t child = Spawn([&] {
+    ChildSide s = ChildConnect();
+    std::vector<uint8_t> buf(kSend, 0x5c);
+    for (int i = 0; i < kSends; ++i) {
+      for (size_t done = 0; done < kSend;) {
+        auto r = s.conn->Send(buf.data() + done, kSend - done, 0, Deadline());
+        CHILD_OK(r.status());
+        done += *r;
+      }
+    }
+    CHILD_OK(s.conn->Shutdown(SHUT_WR));
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  uint8_t b[16];
+  auto r = c->Recv(b, sizeof(b), MSG_WAITALL, Deadline());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(b[0], 0x5c);
+  ASSERT_TRUE(c->Shutdown(SHUT_RD).ok());
+  // No call of ours waits now: make progress as an event loop would, so
+  // that the discards reach the child.
+  EXPECT_EQ(ReapWhilePolling(child), 0) << "the sender is stuck";
+  auto eof = c->Recv(b, sizeof(b), 0, Deadline());
+  ASSERT_TRUE(eof.ok()) << eof.status();
+  EXPECT_EQ(*eof, 0u);
+}
+
 TEST_P(SdpTest, SmallWritesCoalesceWhileCreditsAreOut) {
   constexpr size_t kWrites = 20000;
   pid_t child = Spawn([&] {
@@ -880,8 +1008,18 @@ TEST_P(SdpTest, MalformedHeadersAbortOnlyThatConnection) {
   };
   std::string compl_body(8, '\0');
   compl_body[0] = 99;  // names an advert that does not exist
+  // A pulled SrcAvail that names a lock word: refused whether or not this
+  // side offered pulled bcopy.
+  wire::Advert pull_advert;
+  pull_advert.addr = 4096;
+  pull_advert.length = 4096;
+  pull_advert.az_slot = 0;
+  pull_advert.key_bytes = RemoteKey{4096, 4096, kRemoteRead, {1, 2, 3, 4}}.Serialize();
+  const std::string pull_with_slot = wire::EncodeToString(
+      wire::Message{{MessageId::kSrcAvail, wire::kFlagPull}, pull_advert});
   const std::vector<std::string> variants = {
       raw(static_cast<MessageId>(0x42), 16, 1, 0, 0),                // unknown id
+      pull_with_slot,                                                // Pull + lock word
       raw(MessageId::kData, 1000, 1, 0, 0),                          // wrong length
       raw(MessageId::kData, 16, 4000, 0, 0),                         // credits beyond max
       raw(MessageId::kData, 16, 1, 1000, 0),                         // out of sequence
@@ -969,6 +1107,58 @@ TEST_P(SdpTest, NonBlockingCallsReturnWouldBlock) {
   ASSERT_TRUE(eof.ok()) << eof.status();
   EXPECT_EQ(*eof, 0u);
   EXPECT_EQ(Reap(child), 0);
+}
+
+// Whenever a connection says it is writable, a non-blocking send takes
+// bytes: a full pull buffer sends the rest by bcopy instead of EAGAIN (an
+// event loop would spin otherwise). Then the stream arrives byte-exact.
+// (Not writable need not mean EAGAIN: the send's own progress may free
+// room.)
+TEST_P(SdpTest, NonBlockingSendTakesBytesWheneverWritable) {
+  if (GetParam().mode != Mode::kBcopy) GTEST_SKIP() << "bcopy mode's path";
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  constexpr uint64_t kSeed = 47;
+  pid_t child = Spawn([&] {
+    close(go[1]);
+    ChildSide s = ChildConnect();
+    char one;
+    CHILD_CHECK(read(go[0], &one, 1) == 1);  // the parent filled its buffers
+    std::vector<uint8_t> buf(1 << 20), scratch;
+    uint64_t off = 0;
+    for (;;) {
+      auto r = s.conn->Recv(buf.data(), buf.size(), 0, Deadline());
+      CHILD_OK(r.status());
+      if (*r == 0) break;
+      CHILD_CHECK(CheckStream(buf.data(), off, *r, kSeed, &scratch) == -1);
+      off += *r;
+    }
+    CHILD_CHECK(off >= (512u << 10));
+    CHILD_OK(s.conn->Close());
+    return 0;
+  });
+  close(go[0]);
+  auto c = AcceptOne();
+  ASSERT_NE(c, nullptr);
+  constexpr size_t kChunk = 4 << 20;
+  std::vector<uint8_t> buf(kChunk);
+  uint64_t off = 0;
+  int sends = 0;
+  while ((c->readiness() & kWritable) && sends < 64) {
+    FillStream(buf.data(), off, kChunk, kSeed);
+    auto r = c->Send(buf.data(), kChunk, MSG_DONTWAIT);
+    ASSERT_TRUE(r.ok()) << "writable, yet send " << sends << " after " << off << " bytes: "
+                        << r.status();
+    ASSERT_GT(*r, 0u);
+    off += *r;
+    ++sends;
+  }
+  EXPECT_LT(sends, 64) << "never stopped being writable";
+  EXPECT_GE(off, uint64_t{512} << 10);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  ASSERT_TRUE(c->Shutdown(SHUT_WR).ok());
+  EXPECT_EQ(ReapWhilePolling(child), 0);
 }
 
 // ---- ZCopy cancel races, each forced (test hooks and deadlines) and

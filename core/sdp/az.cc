@@ -121,9 +121,13 @@ ConnState::AzSrc* ConnState::FindAz(uint32_t serial) {
 
 void ConnState::AzFinish(size_t index) {
   AzSrc& s = az_src[index];
-  if (s.guard >= 0) az::Guard::Get().Release(s.guard);
-  az_slot_busy[s.slot] = 0;
-  az_src_gen[s.slot]++;
+  if (s.pull) {
+    pull_out--;
+  } else {
+    if (s.guard >= 0) az::Guard::Get().Release(s.guard);
+    az_slot_busy[s.slot] = 0;
+    az_src_gen[s.slot]++;
+  }
   az_src.erase(az_src.begin() + static_cast<std::ptrdiff_t>(index));
   engine->NotifyLocked();
 }
@@ -133,6 +137,7 @@ void ConnState::AzReleaseAll() {
     if (s.guard >= 0) az::Guard::Get().Release(s.guard);
   }
   az_src.clear();
+  pull_out = 0;
   std::fill(az_slot_busy.begin(), az_slot_busy.end(), 0);
 }
 

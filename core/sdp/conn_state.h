@@ -43,6 +43,12 @@ inline constexpr uint32_t kAzMaxSlots = 64;
 enum AzLockState : uint64_t { kAzFree = 0, kAzSinkReading = 1, kAzSourceMoved = 2 };
 inline uint64_t AzWord(uint64_t gen, AzLockState s) { return (gen << 2) | s; }
 
+// Pulled bcopy (docs/protocol.md): pulled SrcAvails a sink accepts
+// outstanding, and the most bytes one advert announces.
+inline constexpr uint32_t kPullMaxAdverts = 64;
+inline constexpr size_t kPullAdvert = 256 << 10;
+inline constexpr size_t kPullBuffer = 1 << 20;  // a connection's pull buffer
+
 // Completion context: conn id << 24 | kind << 20 | index.
 enum CtxKind : uint64_t {
   kCtxRx = 1, kCtxTx = 2, kCtxHello = 3, kCtxRead = 4, kCtxWrite = 5, kCtxAtomic = 6,
@@ -82,6 +88,7 @@ struct RxSeg {
   uint64_t gen = 0;
   uint64_t stream_pos = 0;
   bool locked = false, moved = false;
+  bool pulled = false;        // flagged kFlagPull: the source already returned
 };
 
 // A message waiting to be posted.
@@ -219,7 +226,11 @@ struct ConnState {
   std::vector<uint64_t> az_sink_gen;        // per slot: finished uses
   RemoteKey peer_table;                     // the peer's lock words
   uint32_t peer_table_slots = 0;
+  // Also a pulled bcopy advert (`pull`): no lock word, no protection; the
+  // bytes sit at pull_off in the pull buffer.
   struct AzSrc {
+    bool pull = false;
+    size_t pull_off = 0;
     uint32_t serial = 0, id = 0, slot = 0, len = 0, done = 0;
     uint64_t gen = 0, stream_pos = 0;
     uintptr_t addr = 0;
@@ -250,6 +261,18 @@ struct ConnState {
   uint32_t az_serial = 0;
   int64_t az_window_start = 0;              // fault-rate window (ns)
   uint32_t az_window_faults = 0;
+  // ---- Pulled bcopy (docs/protocol.md; pull.cc) ----
+  bool pull_offered = false;     // sink: I announced kExtPull
+  uint32_t peer_pull = 0;        // source: the peer's kExtPull count (0: not offered)
+  uint32_t pull_out = 0;         // source: pulled adverts in az_src
+  bool pull_failed = false;      // source: the pull buffer could not be allocated
+  // Source: the pull buffer (Fabric::AllocateRegistered, so the peer reads
+  // it through its own mapping), a ring: adverts take contiguous ranges
+  // from pull_head on, and leave in order.
+  std::unique_ptr<MemoryRegion> pull_mr;
+  uint8_t* pull_base = nullptr;
+  size_t pull_len = 0;
+  size_t pull_head = 0;
   int atomics_out = 0;
   absl::Status atomic_status;
   uint64_t atomic_result = 0;
@@ -313,6 +336,20 @@ struct ConnState {
   void CloseEndpoint();
   void CloseEndpointWhenIdle();
   uint8_t* SlotPtr(int slot) const { return tx.base + static_cast<size_t>(slot) * tx_size; }
+
+  // Pulled bcopy (pull.cc).
+  void SetUpPull();                        // offer it, as a sink, if my reads allow
+  void AddPullHello(wire::Hello& h) const;
+  void AcceptPeerPull();                   // from the peer's Hello/HelloAck
+  // A bcopy send of `rem` more bytes goes pulled.
+  bool PullWanted(size_t rem) const;
+  bool EnsurePullBuffer();                 // allocates it at the first use
+  // Bytes of the next `rem` that fit the pull buffer now, at *off (0: wait
+  // for an advert to finish).
+  size_t PullRoom(size_t rem, size_t* off) const;
+  // Copies k bytes into the pull buffer at off and queues their SrcAvail.
+  void QueuePull(const uint8_t* p, size_t k, size_t off);
+  uint32_t AzOut() const { return static_cast<uint32_t>(az_src.size()) - pull_out; }
 
   // AZ-SDP.
   absl::Status SetUpAz();                  // my lock table, if I offer AZ

@@ -34,6 +34,7 @@ ConnectionOptions ConnectionOptions::FromConfig() {
     const std::string mode = config->GetString("mode");
     o.mode = mode == "azcopy" ? Mode::kAz : mode == "zcopy" ? Mode::kZcopy : Mode::kBcopy;
     o.zcopy_threshold = static_cast<size_t>(config->GetInt("zcopy_threshold"));
+    o.pull_threshold = static_cast<size_t>(config->GetInt("pull_threshold"));
     o.az_policy = config->GetString("az_policy") == "block" ? AzPolicy::kBlock : AzPolicy::kCopy;
     o.az_adverts = static_cast<uint32_t>(config->GetInt("az_adverts"));
     o.az_fault_limit = static_cast<uint32_t>(config->GetInt("az_fault_limit"));
@@ -115,6 +116,7 @@ absl::Status ConnState::Init() {
   if (info.rdma_read != Support::kNone) my_caps |= wire::kCapRdmaRead;
   if (info.rdma_write != Support::kNone) my_caps |= wire::kCapRdmaWrite;
   if (auto st = SetUpAz(); !st.ok()) return st;
+  SetUpPull();
   for (int i = 0; i < rx_count; ++i) {
     PostRx(i);
     if (!error.ok()) return error;
@@ -137,6 +139,7 @@ absl::Status ConnState::Init() {
     }
     h.extensions.push_back({wire::kExtAckReq, ""});  // every 1.1 engine answers AckReq
     AddAzHello(h);
+    AddPullHello(h);
     m.body = h;
     size_t n = wire::Encode(m, std::span<uint8_t>(hello.base, hello.len));
     last_reported = rx_posted;
@@ -402,7 +405,13 @@ void ConnState::Process(int buf, size_t len) {
       break;
     case MessageId::kSrcAvail: {
       auto& a = std::get<wire::Advert>(m.body);
-      const bool az_msg = h.flags != 0;
+      const bool pulled = h.flags & wire::kFlagPull;
+      if (pulled && (h.flags != wire::kFlagPull || a.az_slot != wire::kNoSlot || !pull_offered)) {
+        ProtocolError(Violation(h, pull_offered ? "mixes the Pull flag with AZ-SDP fields"
+                                                : "is flagged Pull, which this side did not offer"));
+        return;
+      }
+      const bool az_msg = h.flags != 0 && !pulled;
       if ((az_msg || a.az_slot != wire::kNoSlot) && !az_table) {
         ProtocolError(Violation(h, "uses AZ-SDP fields, which were not negotiated"));
         return;
@@ -451,10 +460,10 @@ void ConnState::Process(int buf, size_t len) {
       // Stream position: everything received plus what outstanding
       // SrcAvails announced.
       uint64_t announced = rx_pos;
-      uint32_t outstanding = 0;
+      uint32_t outstanding = 0, outstanding_pulled = 0;
       for (const RxSeg& s : rxq) {
         if (s.kind != RxSeg::kSrcAvail) continue;
-        outstanding++;
+        (s.pulled ? outstanding_pulled : outstanding)++;
         announced += s.len - s.off;
         if (az_msg && s.slot == a.az_slot) {
           ProtocolError(Violation(h, absl::StrCat("reuses lock word ", a.az_slot,
@@ -462,9 +471,11 @@ void ConnState::Process(int buf, size_t len) {
           return;
         }
       }
-      if (outstanding >= MyMaxAdverts()) {
-        ProtocolError(Violation(h, absl::StrCat("exceeds the ", MyMaxAdverts(),
-                                                " outstanding SrcAvails this side accepts")));
+      if (pulled ? outstanding_pulled >= kPullMaxAdverts : outstanding >= MyMaxAdverts()) {
+        ProtocolError(Violation(h, absl::StrCat("exceeds the ",
+                                                pulled ? kPullMaxAdverts : MyMaxAdverts(),
+                                                pulled ? " outstanding pulled" : " outstanding",
+                                                " SrcAvails this side accepts")));
         return;
       }
       if (a.stream_pos != announced) {
@@ -473,9 +484,10 @@ void ConnState::Process(int buf, size_t len) {
         return;
       }
       VoidSinkAvail();
-      last_src_advert = h.mseq;
+      if (!pulled) last_src_advert = h.mseq;  // (pulled adverts are never cancelled)
       RxSeg s;
       s.kind = RxSeg::kSrcAvail;
+      s.pulled = pulled;
       s.len = a.length;
       s.advert = h.mseq;
       s.addr = a.addr;
@@ -486,9 +498,9 @@ void ConnState::Process(int buf, size_t len) {
         s.gen = az_sink_gen[a.az_slot];
       }
       if (shut_rd) {
-        // Discarded: AZ adverts count as delivered (their source cannot
-        // resend in order), others are resent as Data and dropped.
-        if (az_msg) {
+        // Discarded: AZ and pulled adverts count as delivered (their source
+        // cannot resend in order), others are resent as Data and dropped.
+        if (az_msg || pulled) {
           rx_pos += s.len;
           AzSinkDone(s);
         }
@@ -546,11 +558,12 @@ void ConnState::Process(int buf, size_t len) {
                                                   " remain) or answers a cancel never sent")));
           return;
         }
-        // SendSmall on an asynchronous advert: the sink discarded it (SHUT_RD).
+        // SendSmall on an asynchronous or pulled advert: the sink discarded
+        // it (SHUT_RD).
         uint32_t k = (h.flags & wire::kFlagSendSmall) ? s.len - s.done : c.bytes;
         s.done += k;
         tx_pos += k;
-        stats.bytes_sent_srcavail += k;
+        (s.pull ? stats.bytes_sent_pull : stats.bytes_sent_srcavail) += k;
         if (s.done == s.len) AzFinish(azi);
         break;
       }
@@ -770,6 +783,8 @@ void ConnState::HandleHello(const wire::Message& m) {
   }
   AcceptPeerAz();
   if (!error.ok()) return;
+  AcceptPeerPull();
+  if (!error.ok()) return;
   UpdateCork();
   if (auto st = SetUpTx(); !st.ok()) {
     Fail(st);
@@ -787,6 +802,7 @@ void ConnState::HandleHello(const wire::Message& m) {
     }
     ack.extensions.push_back({wire::kExtAckReq, ""});
     AddAzHello(ack);
+    AddPullHello(ack);
     // The Hello's buffer is reposted after this message is built: count it.
     QueueCtl(wire::Message{{MessageId::kHelloAck}, ack});
   }
@@ -1087,7 +1103,7 @@ void ConnState::DropReceived() {
     if (s.kind == RxSeg::kData) {
       Repost(s.buf);
     } else {
-      if (s.slot != wire::kNoSlot) {
+      if (s.slot != wire::kNoSlot || s.pulled) {
         rx_pos += s.len - s.off;
         AzSinkDone(s);
       }
@@ -1292,10 +1308,10 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             if (first > a) {
               force_bcopy = first - a;
               c->stats.az_hybrid_bcopy += first - a;
-            } else if (c->az_src.size() >= c->AzLimit()) {
+            } else if (c->AzOut() >= c->AzLimit()) {
               c->TryTransmit();
               if (dontwait) return partial(WouldBlock());
-              if (!e->WaitLocked([&] { return !c->error.ok() || c->az_src.size() < c->AzLimit(); },
+              if (!e->WaitLocked([&] { return !c->error.ok() || c->AzOut() < c->AzLimit(); },
                                  deadline)) {
                 return partial(TimedOut());
               }
@@ -1407,6 +1423,28 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
           ZS_LOG(kDebug, "sdp: registration for zero-copy failed (%s); using bcopy",
                  r.status().ToString().c_str());
           force_bcopy = L;
+        }
+        // Pulled bcopy: one copy into our pull buffer; the peer reads it
+        // straight into its application's buffer (pull.cc).
+        // A non-blocking send that finds the pull buffer full goes by bcopy
+        // below, as far as the send slots take it: readiness (CanAppend)
+        // promised that much.
+        size_t pull_at = 0;
+        if (force_bcopy == 0 && c->PullWanted(rem) && c->EnsurePullBuffer() &&
+            (c->PullRoom(rem, &pull_at) > 0 || !dontwait)) {
+          const size_t k = c->PullRoom(rem, &pull_at);
+          if (k > 0) {
+            c->QueuePull(q, k, pull_at);
+            off += k;
+            total += k;
+            continue;
+          }
+          c->TryTransmit();
+          if (!e->WaitLocked([&] { return !c->error.ok() || c->PullRoom(rem, &pull_at) > 0; },
+                             deadline)) {
+            return partial(TimedOut());
+          }
+          continue;
         }
         size_t want = force_bcopy ? std::min(rem, force_bcopy) : rem;
         size_t k = c->AppendData(q, want);
@@ -1654,13 +1692,14 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         if (sp == nullptr) return copied ? absl::StatusOr<size_t>(copied) : c->error;
         sp->reading = false;
         if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
-        if (!st.ok() && sp->slot != wire::kNoSlot) {
+        if (!st.ok() && (sp->slot != wire::kNoSlot || sp->pulled)) {
           // An asynchronous advert cannot be resent by copy in stream order.
           // (A dead peer is the usual cause; a live one released the memory.)
           c->PostAbort(ECONNRESET);
-          c->Fail(ResetError(absl::StrCat("RDMA read of asynchronous SrcAvail ", advert,
-                                          " failed (an azcopy sender must not unmap a buffer "
-                                          "it sent): ", st.message())));
+          c->Fail(ResetError(absl::StrCat(
+              "RDMA read of ", sp->pulled ? "pulled" : "asynchronous", " SrcAvail ", advert,
+              sp->pulled ? " failed: " : " failed (an azcopy sender must not unmap a buffer it sent): ",
+              st.message())));
           return copied ? absl::StatusOr<size_t>(copied) : c->error;
         }
         if (!st.ok()) {
@@ -1689,7 +1728,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         }
         sp->off += k;
         c->rx_pos += k;
-        c->stats.bytes_recv_srcavail += k;
+        (sp->pulled ? c->stats.bytes_recv_pull : c->stats.bytes_recv_srcavail) += k;
         if (sp->off == sp->len) c->AzSinkDone(*sp);  // before the completion leaves
         uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : 0;
         c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl},
@@ -1910,6 +1949,12 @@ bool Connection::az_negotiated() const {
   if (state_ == nullptr) return false;
   MutexLock lock(&engine_->mu_);
   return state_->az;
+}
+
+bool Connection::pull_negotiated() const {
+  if (state_ == nullptr) return false;
+  MutexLock lock(&engine_->mu_);
+  return state_->peer_pull > 0 && state_->opt.pull_threshold > 0;
 }
 
 absl::Status Connection::SetMode(Mode mode) {

@@ -63,6 +63,11 @@ struct ConnectionOptions {
   Mode mode = Mode::kBcopy;     // kZcopy: SrcAvail/SinkAvail above threshold;
                                 // kAz: asynchronous SrcAvails (AZ-SDP)
   size_t zcopy_threshold = 128 << 10;  // docs/protocol.md, "Measured"
+  // Pulled bcopy (docs/protocol.md): a bcopy send of at least this many
+  // bytes, to a peer that reads our allocated memory with CPU copies
+  // (unet), is copied into a shared buffer the peer reads straight into
+  // its application's buffer; 0: never.
+  size_t pull_threshold = 32 << 10;
   absl::Duration linger = absl::Seconds(10);  // Close waits this long to flush
   AzPolicy az_policy = AzPolicy::kCopy;
   uint32_t az_adverts = 16;         // asynchronous SrcAvails outstanding at most
@@ -133,6 +138,10 @@ struct ConnectionStats {
   uint64_t az_blocks = 0;              // faults that waited for the transfer
   uint64_t az_fallbacks = 0;           // switches to zcopy for too many faults
   uint64_t az_recv_early = 0;          // receives returned before their data landed
+  // Pulled bcopy (docs/protocol.md).
+  uint64_t pull_srcavail_sent = 0;     // pulled SrcAvails
+  uint64_t bytes_sent_pull = 0;        // bytes the peer pulled from them
+  uint64_t bytes_recv_pull = 0;        // bytes this side pulled
 };
 
 class Connection {
@@ -181,6 +190,10 @@ class Connection {
   // Whether this side may send asynchronously (AZ-SDP): both sides were in
   // azcopy mode at set-up and the provider has RDMA read and atomics.
   bool az_negotiated() const;
+  // Whether this side's large bcopy sends may go pulled: the peer offered
+  // it (its reads of our allocated memory are CPU copies) and
+  // pull_threshold is not 0 (docs/protocol.md, "Pulled bcopy").
+  bool pull_negotiated() const;
   absl::Status SetMode(Mode mode);
   absl::Status SetZcopyThreshold(size_t bytes);
   // Turns autocork on or off (ConnectionOptions::autocork); off sends a

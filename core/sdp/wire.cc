@@ -38,7 +38,7 @@ absl::Status Bad(MessageId mid, absl::string_view field, absl::string_view why) 
 uint8_t AllowedFlags(MessageId mid) {
   switch (mid) {
     case MessageId::kRdmaRdCompl: return kFlagCancelReply | kFlagSendSmall;
-    case MessageId::kSrcAvail: return kFlagAzUpdate | kFlagAzAsync;
+    case MessageId::kSrcAvail: return kFlagPull | kFlagAzUpdate | kFlagAzAsync;
     case MessageId::kData: return kFlagAckReq;
     default: return 0;
   }

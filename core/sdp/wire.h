@@ -34,7 +34,7 @@
 namespace zsock::sdp::wire {
 
 inline constexpr uint8_t kVersionMajor = 1;
-inline constexpr uint8_t kVersionMinor = 1;
+inline constexpr uint8_t kVersionMinor = 2;
 inline constexpr size_t kHeaderSize = 16;
 
 // Private receive buffers: every message must fit in one.
@@ -84,6 +84,12 @@ enum Flag : uint8_t {
   // has nothing else to send), whose mseq_ack covers it. Only to a peer that
   // announced kExtAckReq.
   kFlagAckReq = 0x04,
+  // SrcAvail (1.2, only to a peer that announced kExtPull): pulled bcopy.
+  // The source copied the bytes into its own buffer and returned to the
+  // application; it never cancels the advert. RdmaRdCompl with SendSmall
+  // means the sink discarded it (SHUT_RD); a sink that cannot read it
+  // resets the connection.
+  kFlagPull = 0x20,
   // Reserved for AZ-SDP (decoded, refused by a v1 engine): SrcAvail
   // "updated source avail" naming a copy-on-write buffer that replaces the
   // advert with the same az_slot.
@@ -125,6 +131,11 @@ enum ExtensionType : uint16_t {
   // extension rather than a capability bit: 1.0 engines skip unknown
   // extensions but refuse unknown capability bits.
   kExtAckReq = 3,
+  // 1.2: u32 count (1..64): I accept up to count SrcAvails flagged
+  // kFlagPull outstanding, besides max_adverts: my reads of memory you
+  // allocated with Fabric::AllocateRegistered are CPU copies
+  // (Capabilities::rma_allocated), so send large writes that way.
+  kExtPull = 4,
 };
 struct Extension {
   uint16_t type = 0;

@@ -77,11 +77,11 @@ TEST(Wire, AckRequestOnDataAndItsExtension) {
   ASSERT_EQ(std::get<Hello>(h->body).extensions.size(), 1u);
   EXPECT_EQ(std::get<Hello>(h->body).extensions[0].type, kExtAckReq);
   EXPECT_EQ(std::get<Hello>(h->body).extensions[0].value, "");
-  EXPECT_EQ(Hello{}.minor, 1);
+  EXPECT_EQ(Hello{}.minor, 2);
   // A later minor version's unknown capabilities are kept (and ignored by
   // the engine), not refused.
   std::string later = samples[0];
-  later[kHeaderSize + 1] = 2;
+  later[kHeaderSize + 1] = kVersionMinor + 1;
   later[kHeaderSize + 2] = static_cast<char>(0x80 | kCapRdmaRead);
   auto l = DecodeString(later);
   ASSERT_TRUE(l.ok()) << l.status();
