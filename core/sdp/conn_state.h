@@ -269,7 +269,7 @@ struct ConnState {
   // Source: the pull buffer (Fabric::AllocateRegistered, so the peer reads
   // it through its own mapping), a ring: adverts take contiguous ranges
   // from pull_head on, and leave in order.
-  std::unique_ptr<MemoryRegion> pull_mr;
+  std::shared_ptr<MemoryRegion> pull_mr;  // (each pulled advert holds it too)
   uint8_t* pull_base = nullptr;
   size_t pull_len = 0;
   size_t pull_head = 0;

@@ -1429,14 +1429,13 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
         // A non-blocking send that finds the pull buffer full goes by bcopy
         // below, as far as the send slots take it: readiness (CanAppend)
         // promised that much.
-        size_t pull_at = 0;
+        size_t pull_at = 0, room = 0;
         if (force_bcopy == 0 && c->PullWanted(rem) && c->EnsurePullBuffer() &&
-            (c->PullRoom(rem, &pull_at) > 0 || !dontwait)) {
-          const size_t k = c->PullRoom(rem, &pull_at);
-          if (k > 0) {
-            c->QueuePull(q, k, pull_at);
-            off += k;
-            total += k;
+            ((room = c->PullRoom(rem, &pull_at)) > 0 || !dontwait)) {
+          if (room > 0) {
+            c->QueuePull(q, room, pull_at);
+            off += room;
+            total += room;
             continue;
           }
           c->TryTransmit();
