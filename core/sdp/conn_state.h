@@ -269,9 +269,7 @@ struct ConnState {
   // Source: the pull buffer (Fabric::AllocateRegistered, so the peer reads
   // it through its own mapping), a ring: adverts take contiguous ranges
   // from pull_head on, and leave in order.
-  std::shared_ptr<MemoryRegion> pull_mr;  // (each pulled advert holds it too)
-  uint8_t* pull_base = nullptr;
-  size_t pull_len = 0;
+  std::shared_ptr<MemoryRegion> pull_mr;  // kPullBuffer bytes (each pulled advert holds it too)
   size_t pull_head = 0;
   int atomics_out = 0;
   absl::Status atomic_status;
@@ -350,6 +348,9 @@ struct ConnState {
   // Copies k bytes into the pull buffer at off and queues their SrcAvail.
   void QueuePull(const uint8_t* p, size_t k, size_t off);
   uint32_t AzOut() const { return static_cast<uint32_t>(az_src.size()) - pull_out; }
+  uint8_t* PullBase() const { return static_cast<uint8_t*>(pull_mr->addr()); }
+  // The serial of a new entry of az_src (never 0).
+  uint32_t NextAzSerial() { return ++az_serial == 0 ? ++az_serial : az_serial; }
 
   // AZ-SDP.
   absl::Status SetUpAz();                  // my lock table, if I offer AZ

@@ -1320,7 +1320,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
               const size_t L = last - first;
               auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), L,
                                                      kRemoteRead | kLocalRead);
-              const uint32_t serial = ++c->az_serial == 0 ? ++c->az_serial : c->az_serial;
+              const uint32_t serial = c->NextAzSerial();
               absl::StatusOr<int> g = -1;
               if (r.ok()) {
                 e->az_used_.store(true, std::memory_order_relaxed);

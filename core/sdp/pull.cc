@@ -54,7 +54,7 @@ void ConnState::AcceptPeerPull() {
 }
 
 bool ConnState::EnsurePullBuffer() {
-  if (pull_len > 0) return true;
+  if (pull_mr) return true;
   if (pull_failed) return false;
   // For this peer alone: unet would otherwise share it with every peer of
   // the fabric, which could then read this connection's stream.
@@ -67,9 +67,6 @@ bool ConnState::EnsurePullBuffer() {
     return false;
   }
   pull_mr = std::move(*r);
-  pull_base = static_cast<uint8_t*>(pull_mr->addr());
-  pull_len = kPullBuffer;
-  pull_head = 0;
   return true;
 }
 
@@ -78,8 +75,8 @@ bool ConnState::PullWanted(size_t rem) const {
 }
 
 size_t ConnState::PullRoom(size_t rem, size_t* off) const {
-  if (pull_out >= peer_pull || pull_len == 0) return 0;
-  const size_t want = std::min({rem, kPullAdvert, pull_len});
+  if (pull_out >= peer_pull || !pull_mr) return 0;
+  const size_t want = std::min(rem, kPullAdvert);
   // The oldest pulled advert still out starts the range in use; pull_head
   // ends it (adverts take the ring in order).
   const AzSrc* oldest = nullptr;
@@ -98,9 +95,9 @@ size_t ConnState::PullRoom(size_t rem, size_t* off) const {
   // threshold (or all that is left).
   const size_t least = std::min(want, std::max<size_t>(opt.pull_threshold, 1));
   if (pull_head > tail) {
-    if (pull_len - pull_head >= least) {
+    if (kPullBuffer - pull_head >= least) {
       *off = pull_head;
-      return std::min(want, pull_len - pull_head);
+      return std::min(want, kPullBuffer - pull_head);
     }
     if (tail >= least) {  // wrap: the end's remnant stays unused this round
       *off = 0;
@@ -118,15 +115,15 @@ size_t ConnState::PullRoom(size_t rem, size_t* off) const {
 }
 
 void ConnState::QueuePull(const uint8_t* p, size_t k, size_t off) {
-  CopyBytes(pull_base + off, p, k);
+  CopyBytes(PullBase() + off, p, k);
   pull_head = off + k;
   AzSrc as;
   as.pull = true;
   as.pull_off = off;
-  as.serial = ++az_serial == 0 ? ++az_serial : az_serial;
+  as.serial = NextAzSerial();
   as.slot = wire::kNoSlot;
   as.len = static_cast<uint32_t>(k);
-  as.addr = reinterpret_cast<uintptr_t>(pull_base + off);
+  as.addr = reinterpret_cast<uintptr_t>(PullBase() + off);
   as.stream_pos = TxCommitted();
   as.mr = pull_mr;
   TxItem item;
