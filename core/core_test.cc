@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "core/config.h"
 #include "core/flow_window.h"
 #include "core/provider.h"
@@ -247,6 +248,75 @@ TEST(CompletionQueue, DirectSlotsFillPollsOutputInOrder) {
   ASSERT_EQ(cq.Poll(std::span<Completion>(out, 1)), 1u);
   EXPECT_EQ(out[0].context, 4u);
   EXPECT_EQ(cq.Poll(std::span<Completion>(out, 1)), 0u);
+}
+
+// A provider CQ whose Progress gathers completions as ofi and unet do: each
+// through EmitSlot into a list it pushes afterwards (PushAll).
+class GatherCq final : public CompletionQueue {
+ public:
+  int wait_fd() const override { return wake_fd(); }
+  std::vector<uint64_t> contexts;
+  std::vector<uint64_t> listed;  // appended to the list first, not by EmitSlot
+
+ protected:
+  size_t Progress() override {
+    absl::InlinedVector<Completion, 2> pending;
+    for (uint64_t ctx : listed) {
+      Completion c;
+      c.context = ctx;
+      pending.push_back(std::move(c));
+    }
+    listed.clear();
+    for (uint64_t ctx : contexts) {
+      Completion& c = EmitSlot(&pending);
+      c.context = ctx;
+      c.op = OpType::kRecv;
+      c.length = ctx;
+      c.endpoint = nullptr;
+      c.status = absl::OkStatus();
+    }
+    const size_t n = contexts.size();
+    contexts.clear();
+    PushAll(std::span<Completion>(pending.data(), pending.size()));
+    return n;
+  }
+  bool ArmProvider() override { return true; }
+};
+
+// EmitSlot fills Poll's output while nothing waits in the provider's list,
+// then appends to the list (pushed after, into the queue): the order holds
+// across the two, a stale slot is overwritten, and outside Poll everything
+// goes to the list.
+TEST(CompletionQueue, EmitSlotKeepsOrderBehindTheList) {
+  GatherCq cq;
+  Completion out[2];
+  out[1].status = absl::InternalError("stale");
+  cq.contexts = {1, 2, 3, 4, 5};
+  ASSERT_EQ(cq.Poll(out), 2u);
+  EXPECT_EQ(out[0].context, 1u);
+  EXPECT_EQ(out[1].context, 2u);
+  EXPECT_EQ(out[1].length, 2u);
+  EXPECT_TRUE(out[1].status.ok()) << out[1].status;
+  // 3, 4 and 5 went to the list and then the queue; a later Progress's
+  // completion must come after them, not into a direct slot ahead.
+  cq.contexts = {6};
+  std::vector<uint64_t> got;
+  for (int i = 0; i < 10 && got.size() < 4; ++i) {
+    size_t n = cq.Poll(out);
+    for (size_t k = 0; k < n; ++k) got.push_back(out[k].context);
+  }
+  EXPECT_EQ(got, (std::vector<uint64_t>{3, 4, 5, 6}));
+  // A list that already holds a completion (a provider's failure path
+  // appends directly) keeps the next one behind it, though Poll has slots.
+  cq.listed = {7};
+  cq.contexts = {8};
+  ASSERT_EQ(cq.Poll(out), 2u);
+  EXPECT_EQ(out[0].context, 7u);
+  EXPECT_EQ(out[1].context, 8u) << "EmitSlot took a slot ahead of the list";
+  absl::InlinedVector<Completion, 2> outside;
+  Completion& c = cq.EmitSlot(&outside);
+  c.context = 9;
+  EXPECT_EQ(outside.size(), 1u) << "outside Poll there is no direct slot";
 }
 
 // ---- core emulation against a fake provider ----

@@ -208,6 +208,19 @@ class CompletionQueue {
   // caller must fill completely (it holds an old value). Null otherwise;
   // then Push.
   Completion* DirectSlot();
+  // The slot for a provider's next completion while its progress gathers
+  // completions in `pending` to push later (PushAll, once its locks are
+  // released): DirectSlot() while `pending` is empty, else a new element of
+  // `pending`. Either way in order; the caller sets every field. Saves a
+  // Completion built, moved into `pending`, moved again by the push and
+  // destroyed, for each one a polling caller takes at once.
+  template <typename List>
+  Completion& EmitSlot(List* pending) {
+    if (pending->empty()) {
+      if (Completion* slot = DirectSlot(); slot != nullptr) return *slot;
+    }
+    return pending->emplace_back();
+  }
   // Wakes a thread sleeping on wait_fd() after Arm(), for providers that
   // create work outside Progress (e.g. a receive posted for a message that
   // already arrived).

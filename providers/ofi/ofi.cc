@@ -1550,25 +1550,11 @@ class OfiEndpoint final : public Endpoint {
     return moved;
   }
 
-  // Where this endpoint's next completion goes (domain lock held): straight
-  // into the output of the Poll that runs this progress on this thread
-  // (CompletionQueue::DirectSlot) while nothing waits in `out` ahead of it,
-  // else appended to `out`, which the caller pushes once the lock is
-  // released. Either way in order, and the caller sets every field. A
-  // ping-pong's completions thus skip a Completion built, moved into `out`,
-  // moved again by PushAll and destroyed, on every message.
-  Completion& EmitLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
-    if (out->empty()) {
-      if (Completion* slot = cq_->DirectSlot(); slot != nullptr) return *slot;
-    }
-    return out->emplace_back();
-  }
-
   // Hands on the injected sends' completions; returns how many.
   size_t TakeInjectedLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
     const size_t n = injected_.size();
     if (n == 0) return 0;
-    for (Completion& c : injected_) EmitLocked(out) = std::move(c);
+    for (Completion& c : injected_) cq_->EmitSlot(out) = std::move(c);
     injected_.clear();
     return n;
   }
@@ -1731,7 +1717,7 @@ class OfiEndpoint final : public Endpoint {
     if (r->op == OpType::kSend && st.ok()) ++user_sent_ok_;
     if (st.ok() && r->user_result != nullptr) *r->user_result = r->result;
     // Last: nothing may append to `out` while `c` refers into it.
-    Completion& c = EmitLocked(out);
+    Completion& c = cq_->EmitSlot(out);
     c.context = r->context;
     c.op = r->op;
     c.endpoint = this;

@@ -1297,7 +1297,8 @@ class UnetEndpoint final : public Endpoint {
           MarkDeadLocked(ProtocolError("message shorter than announced"));
           return n;
         }
-        Completion comp;
+        // Straight into the polling caller's output where it can be.
+        Completion& comp = cq_->EmitSlot(done);
         comp.context = r.context;
         comp.op = OpType::kRecv;
         comp.endpoint = this;
@@ -1309,8 +1310,8 @@ class UnetEndpoint final : public Endpoint {
                                   "post receive buffers as large as the largest message");
         } else {
           comp.length = user_in_.total;
+          comp.status = absl::OkStatus();
         }
-        done->push_back(std::move(comp));
         posted_.pop_front();
         user_in_ = Incoming{};
       }
