@@ -40,11 +40,12 @@ bool WouldBlock(const absl::Status& s) {
   return e == EAGAIN || e == EWOULDBLOCK;
 }
 
-// SO_RCVTIMEO / SO_SNDTIMEO as a deadline that reads the clock only if the
-// call waits (sdp::Deadline says why).
-sdp::Deadline DeadlineFrom(const timeval& tv) {
-  if (tv.tv_sec == 0 && tv.tv_usec == 0) return absl::InfiniteFuture();
-  return sdp::Deadline::After(absl::DurationFromTimeval(tv));
+// SO_RCVTIMEO / SO_SNDTIMEO (in microseconds, 0: none) as a deadline that
+// reads the clock only if the call waits (sdp::Deadline says why).
+sdp::Deadline DeadlineFrom(const std::atomic<int64_t>& us) {
+  const int64_t v = us.load(std::memory_order_relaxed);
+  if (v == 0) return absl::InfiniteFuture();
+  return sdp::Deadline::After(absl::Microseconds(v));
 }
 
 // The source address the kernel would use to reach `to` (connect on a UDP
@@ -243,9 +244,16 @@ sdp::ConnectionOptions Socket::OptionsLocked() const {
   return o;
 }
 
+void Socket::UpdateFastLocked() {
+  const bool fast = state_ == State::kConnected && conn_ != nullptr && !shut_rd_ && !shut_wr_;
+  fast_conn_.store(fast ? conn_.get() : nullptr, std::memory_order_release);
+}
+
 void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
   conn_ = conn;
+  pinned_conn_ = conn;
   state_ = State::kConnected;
+  UpdateFastLocked();
   if (peer_.len == 0) {
     // The address the peer's socket announced in its SDP Hello; else the
     // provider's view of the peer.
@@ -581,6 +589,10 @@ absl::Status Socket::Connect(const sockaddr* addr, socklen_t len) {
 }
 
 absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
+  const int f = nonblocking() || (flags & MSG_DONTWAIT) ? MSG_DONTWAIT : 0;
+  if (sdp::Connection* fc = fast_conn_.load(std::memory_order_acquire)) {
+    return SendResult(fc->Send(iov, f, DeadlineFrom(sndtimeo_us_)), flags);
+  }
   std::shared_ptr<sdp::Connection> c;
   sdp::Deadline deadline = absl::InfiniteFuture();
   bool shut_wr = false;
@@ -593,7 +605,7 @@ absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
     if (state_ != State::kConnected) return Err(state_ == State::kClosed ? EBADF : ENOTCONN,
                                                 "send on an unconnected socket");
     c = conn_;
-    deadline = DeadlineFrom(sndtimeo_);
+    deadline = DeadlineFrom(sndtimeo_us_);
     shut_wr = shut_wr_;
   }
   if (shut_wr) {
@@ -604,8 +616,10 @@ absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
     if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
     return err;
   }
-  const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
-  auto n = c->Send(iov, dontwait ? MSG_DONTWAIT : 0, deadline);
+  return SendResult(c->Send(iov, f, deadline), flags);
+}
+
+absl::StatusOr<size_t> Socket::SendResult(absl::StatusOr<size_t> n, int flags) {
   if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
     return Err(EAGAIN, "send: SO_SNDTIMEO expired");  // what send(2) reports
   }
@@ -620,6 +634,11 @@ absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
 }
 
 absl::StatusOr<size_t> Socket::Recv(std::span<const iovec> iov, int flags) {
+  int f = flags & (MSG_PEEK | MSG_WAITALL);
+  if (nonblocking() || (flags & MSG_DONTWAIT)) f |= MSG_DONTWAIT;
+  if (sdp::Connection* fc = fast_conn_.load(std::memory_order_acquire)) {
+    return RecvResult(fc->Recv(iov, f, DeadlineFrom(rcvtimeo_us_)));
+  }
   std::shared_ptr<sdp::Connection> c;
   sdp::Deadline deadline = absl::InfiniteFuture();
   {
@@ -631,12 +650,12 @@ absl::StatusOr<size_t> Socket::Recv(std::span<const iovec> iov, int flags) {
                                                 "recv on an unconnected socket");
     if (shut_rd_) return size_t{0};
     c = conn_;
-    deadline = DeadlineFrom(rcvtimeo_);
+    deadline = DeadlineFrom(rcvtimeo_us_);
   }
-  const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
-  int f = flags & (MSG_PEEK | MSG_WAITALL);
-  if (dontwait) f |= MSG_DONTWAIT;
-  auto n = c->Recv(iov, f, deadline);
+  return RecvResult(c->Recv(iov, f, deadline));
+}
+
+absl::StatusOr<size_t> Socket::RecvResult(absl::StatusOr<size_t> n) {
   if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
     return Err(EAGAIN, "recv: SO_RCVTIMEO expired");
   }
@@ -655,6 +674,7 @@ absl::Status Socket::Shutdown(int how) {
     c = conn_;
     if (how != SHUT_WR) shut_rd_ = true;
     if (how != SHUT_RD) shut_wr_ = true;
+    UpdateFastLocked();
   }
   absl::Status s = c->Shutdown(how);
   if (how != SHUT_WR) {
@@ -674,6 +694,7 @@ absl::Status Socket::Close() {
     if (state_ == State::kClosed) return absl::OkStatus();
     state_ = State::kClosed;
     c = std::move(conn_);
+    UpdateFastLocked();
     l = std::move(listener_);
     port_reservation_.reset();
     abortive = linger_.l_onoff && linger_.l_linger == 0;
@@ -690,21 +711,15 @@ absl::Status Socket::Close() {
   unaccepted.clear();
   {
     MutexLock rl(&rfd_mu_);
-    live_conn_ = nullptr;  // `c` may be the last owner: OnReadiness stops using it
+    live_conn_ = nullptr;  // Close below empties it: OnReadiness stops using it
   }
   if (c) {
-    if (abortive) {
-      c->Abort();  // SO_LINGER {1, 0}: reset, as TCP sends RST
-    } else {
-      // Graceful: flush and DisconnReq. If other threads are blocked in
-      // calls on it, wake them first; the close completes when the last of
-      // them lets go.
-      if (c.use_count() > 1) {
-        (void)c->Shutdown(SHUT_RDWR);
-      } else {
-        (void)c->Close();
-      }
-    }
+    if (abortive) c->Abort();  // SO_LINGER {1, 0}: reset, as TCP sends RST
+    // Graceful unless reset: flush and DisconnReq. Threads blocked in calls
+    // on it are woken first (as by shutdown(SHUT_RDWR), or by the reset)
+    // and Close waits for them to return (sdp::Connection::Close). It is
+    // not left to the last owner: pinned_conn_ owns it until the socket goes.
+    (void)c->Close();
     c.reset();
   }
   l.reset();
@@ -733,6 +748,12 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
       case SO_LINGER:
         if (auto s = need(sizeof(linger)); !s.ok()) return s;
         std::memcpy(&linger_, value, sizeof(linger));
+        // A connection made already takes the time now (TCP reads it at
+        // close); {1, 0} makes Close reset instead, whatever the time.
+        if (c != nullptr) {
+          c->SetLinger(linger_.l_onoff ? absl::Seconds(linger_.l_linger)
+                                       : sdp::ConnectionOptions{}.linger);
+        }
         return absl::OkStatus();
       case SO_KEEPALIVE:
         if (auto s = need(sizeof(int)); !s.ok()) return s;
@@ -752,6 +773,9 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
           return Err(EDOM, "SO_RCVTIMEO/SO_SNDTIMEO: timeval out of range");
         }
         (name == SO_RCVTIMEO ? rcvtimeo_ : sndtimeo_) = tv;
+        (name == SO_RCVTIMEO ? rcvtimeo_us_ : sndtimeo_us_)
+            .store(absl::ToInt64Microseconds(absl::DurationFromTimeval(tv)),
+                   std::memory_order_relaxed);
         return absl::OkStatus();
       }
       default:

@@ -801,6 +801,78 @@ TEST_P(Sockets, AbortiveCloseResetsPeer) {
       });
 }
 
+// A socket closed while other threads of its process are blocked in calls
+// on it (the peer reads nothing meanwhile): close wakes them, as
+// shutdown(SHUT_RDWR) does, and returns once they have left. The blocked
+// recv returns 0; the blocked send, which the peer never makes room for,
+// is failed out after the linger time (1 s here) with what it queued or
+// EBADF. The fd is gone afterwards, and the peer reads what left and then
+// an end of stream or a reset.
+TEST_P(Sockets, CloseWakesCallsBlockedInOtherThreads) {
+  TestPipe closed;  // the client has closed: the server may read
+  RunPair(
+      [&](int l) {
+        int fd = zs_accept(l, nullptr, nullptr);
+        CHECK_C(fd >= 0);
+        char d = 0;
+        CHECK_C(read(closed.fd[0], &d, 1) == 1);
+        std::vector<uint8_t> buf(1 << 16);
+        uint64_t got = 0;
+        ssize_t k;
+        while ((k = zs_recv(fd, buf.data(), buf.size(), 0)) > 0) got += static_cast<uint64_t>(k);
+        CHECK_C(k == 0 || errno == ECONNRESET || errno == EPIPE);
+        CHECK_C(got >= 4096);  // the send buffer's worth that left before the close
+        CHECK_C(zs_close(fd) == 0);
+        CHECK_C(zs_close(l) == 0);
+        return 0;
+      },
+      [&](uint16_t port) {
+        int fd = ConnectTo(port);
+        linger lg{1, 1};  // set after connect: applies to this connection's close
+        CHECK_C(zs_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) == 0);
+        std::atomic<int> started{0};
+        std::atomic<uint64_t> sent{0};
+        ssize_t rn = 1, sn = 4096;
+        int rerr = 0, serr = 0;
+        std::thread reader([&] {
+          ++started;
+          char c;
+          rn = zs_recv(fd, &c, 1, 0);
+          rerr = errno;
+        });
+        std::thread sender([&] {
+          // Chunks below every mode's zero-copy threshold: buffered sends,
+          // which block once the peer's buffers and ours are full.
+          std::vector<uint8_t> chunk(4096, 0x5a);
+          ++started;
+          while ((sn = zs_send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL)) == 4096) {
+            sent += 4096;
+          }
+          serr = errno;
+        });
+        while (started < 2) absl::SleepFor(absl::Milliseconds(1));
+        // Both are inside their calls by then (the buffers fill in far less).
+        for (uint64_t last = 0; last == 0 || sent != last;) {
+          last = sent;
+          absl::SleepFor(absl::Milliseconds(300));
+        }
+        const absl::Time t0 = absl::Now();
+        CHECK_C(zs_close(fd) == 0);
+        reader.join();
+        sender.join();
+        // SO_LINGER's 1 s applies to the connection made before it was set
+        // (the default would be 10 s).
+        CHECK_C(absl::Now() - t0 < absl::Seconds(8));
+        CHECK_C(rn == 0 || (rn == -1 && rerr == EBADF));
+        CHECK_C((sn > 0 && sn < 4096) || (sn == -1 && (serr == EBADF || serr == EPIPE)));
+        CHECK_C(sent >= 4096);
+        char c;
+        CHECK_C(zs_recv(fd, &c, 1, 0) == -1 && errno == EBADF);
+        CHECK_C(write(closed.fd[1], "c", 1) == 1);
+        return 0;
+      });
+}
+
 // The server is killed with SIGKILL while streaming: the client's blocked
 // recv and its sends end with ECONNRESET or EPIPE, not a hang.
 TEST_P(Sockets, PeerKilledMidTransfer) {

@@ -280,6 +280,12 @@ struct ConnState {
   int writes_out = 0;
   absl::Status write_status;
   bool send_busy = false, recv_busy = false;
+  // Send and Recv calls in progress (Connection's CallScope), and whether
+  // Close has begun: Close waits for the calls to leave (a socket may be
+  // closed by one thread while others are in calls on it).
+  int calls = 0;
+  bool closing = false;
+  void LeaveCall();  // wakes Close after the last
 
   ConnectionStats stats;
   std::shared_ptr<std::function<void(uint32_t)>> callback;

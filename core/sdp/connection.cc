@@ -1139,6 +1139,20 @@ absl::Status Closed() {
                    "do not use a Connection after Close()");
 }
 
+// A Send or Recv in progress on a connection, from the first engine lock
+// taken on it to the last one released (a scope inside the lock): Close
+// lets such calls leave before the state goes.
+class CallScope {
+ public:
+  explicit CallScope(ConnState* c) : c_(c) { ++c_->calls; }
+  ~CallScope() { c_->LeaveCall(); }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  ConnState* c_;
+};
+
 // Walks an iovec array.
 struct IovCursor {
   std::span<const iovec> iov;
@@ -1161,6 +1175,10 @@ struct IovCursor {
 
 }  // namespace
 
+void ConnState::LeaveCall() {
+  if (--calls == 0 && closing) engine->NotifyLocked();
+}
+
 Connection::~Connection() {
   if (state_ != nullptr) (void)Close();
 }
@@ -1178,7 +1196,7 @@ absl::StatusOr<size_t> Connection::Recv(void* buf, size_t len, int flags, Deadli
 
 absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
                                         Deadline deadline) {
-  if (state_ == nullptr) return Closed();
+  if (StateUnlocked() == nullptr) return Closed();
   Engine* e = engine_;
   // A buffer whose receive is still landing (AZ-SDP az_early_recv) is
   // unreadable: wait for it before any lock is held (echo servers do this).
@@ -1190,6 +1208,8 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
   {
     MutexLock lock(&e->mu_);
     ConnState* c = state_;
+    if (c == nullptr) return Closed();  // closed by another thread meanwhile
+    CallScope in_call(c);
     // What arrived while the application was away: credits, the peer's
     // SinkAvail, AZ-SDP completions. Not needed by a small send that can
     // be posted at once (nothing queued ahead, credits and a slot free):
@@ -1470,7 +1490,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
 
 absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
                                         Deadline deadline) {
-  if (state_ == nullptr) return Closed();
+  if (StateUnlocked() == nullptr) return Closed();
   Engine* e = engine_;
   // A buffer this process is still sending from (AZ-SDP) is read-only, and
   // must be settled (copy-on-write, or a wait for the pull) before anything
@@ -1494,6 +1514,8 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     {
       MutexLock lock(&e->mu_);
       ConnState* c = state_;
+      if (c == nullptr) return Closed();
+      CallScope in_call(c);
       block_policy = c->opt.az_policy == AzPolicy::kBlock;
       e->ProgressLocked();
       const auto ready = [&] {
@@ -1530,6 +1552,8 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
   {
     MutexLock lock(&e->mu_);
     ConnState* c = state_;
+    if (c == nullptr) return Closed();  // closed by another thread meanwhile
+    CallScope in_call(c);
     // Bytes already queued came before anything the CQ holds: with some at
     // the head, copy them without polling (waits below still progress).
     if (c->rxq.empty() || c->rxq.front().kind != RxSeg::kData) e->ProgressLocked();
@@ -1828,9 +1852,10 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
 }
 
 absl::Status Connection::Shutdown(int how) {
-  if (state_ == nullptr) return Closed();
+  if (StateUnlocked() == nullptr) return Closed();
   {
     MutexLock lock(&engine_->mu_);
+    if (state_ == nullptr) return Closed();
     ConnState* c = state_;
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL, "shutdown: bad 'how'",
@@ -1849,9 +1874,10 @@ absl::Status Connection::Shutdown(int how) {
 }
 
 void Connection::Abort() {
-  if (state_ == nullptr) return;
+  if (StateUnlocked() == nullptr) return;
   {
     MutexLock lock(&engine_->mu_);
+    if (state_ == nullptr) return;
     ConnState* c = state_;
     if (c->error.ok()) {
       c->PostAbort(0);
@@ -1868,11 +1894,36 @@ void Connection::Abort() {
 }
 
 absl::Status Connection::Close() {
-  if (state_ == nullptr) return absl::OkStatus();
+  if (StateUnlocked() == nullptr) return absl::OkStatus();
   absl::Status result;
   {
     MutexLock lock(&engine_->mu_);
+    if (state_ == nullptr) return absl::OkStatus();
     ConnState* c = state_;
+    if (c->closing) {  // another thread is closing it: done when that is
+      engine_->WaitLocked([&] { return state_ == nullptr; }, absl::InfiniteFuture());
+      return absl::OkStatus();
+    }
+    c->closing = true;
+    if (c->calls > 0) {
+      // Other threads are in Send or Recv on this connection (a socket
+      // closed under them): wake them as shutdown(SHUT_RDWR) does and let
+      // them leave before the state goes. One still inside after the
+      // linger time (a send the peer never makes room for) is failed out.
+      c->shut_rd = true;
+      c->DropReceived();
+      if (c->error.ok() && c->phase == ConnState::Phase::kOpen) c->QueueShutdownWr();
+      engine_->NoteReadinessLocked(c);
+      engine_->NotifyLocked();
+      if (!engine_->WaitLocked([&] { return c->calls == 0; }, absl::Now() + c->opt.linger)) {
+        c->PostAbort(0);  // best effort, as Abort: the peer may have no room for it
+        c->Fail(MakeError(absl::StatusCode::kAborted, EBADF,
+                          "the socket was closed while this call waited on it",
+                          "close a socket only after the calls on it have returned"));
+        engine_->NotifyLocked();
+        engine_->WaitLocked([&] { return c->calls == 0; }, absl::InfiniteFuture());
+      }
+    }
     if (c->error.ok() && c->phase == ConnState::Phase::kOpen) {
       c->QueueShutdownWr();
       bool flushed = engine_->WaitLocked(
@@ -1904,22 +1955,25 @@ absl::Status Connection::Close() {
     c->phase = ConnState::Phase::kClosed;
     c->CloseEndpoint();
     engine_->RemoveLocked(c->id);
-    state_ = nullptr;
+    __atomic_store_n(&state_, nullptr, __ATOMIC_RELAXED);  // StateUnlocked reads it
+    engine_->NotifyLocked();  // a second Close waits for this
   }
   engine_->RunCallbacks(/*sync=*/true);
   return result;
 }
 
 uint32_t Connection::readiness() const {
-  if (state_ == nullptr) return kError | kHup;
+  if (StateUnlocked() == nullptr) return kError | kHup;
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return kError | kHup;
   return state_->ReadinessNow();
 }
 
 void Connection::SetReadinessCallback(std::function<void(uint32_t)> cb) {
-  if (state_ == nullptr) return;
+  if (StateUnlocked() == nullptr) return;
   {
     MutexLock lock(&engine_->mu_);
+    if (state_ == nullptr) return;
     state_->callback =
         cb ? std::make_shared<std::function<void(uint32_t)>>(std::move(cb)) : nullptr;
     state_->last_readiness = ~0u;  // fire once with the current state
@@ -1930,14 +1984,16 @@ void Connection::SetReadinessCallback(std::function<void(uint32_t)> cb) {
 }
 
 std::shared_ptr<std::atomic<uint32_t>> Connection::readiness_watch() const {
-  if (state_ == nullptr) return nullptr;
+  if (StateUnlocked() == nullptr) return nullptr;
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return nullptr;
   return state_->watch;
 }
 
 ConnectionStats Connection::stats() const {
-  if (state_ == nullptr) return {};
+  if (StateUnlocked() == nullptr) return {};
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return {};
   ConnectionStats s = state_->stats;
   s.queued_bytes = state_->queued_data_bytes;
   s.held_bytes = state_->HeldBytes();
@@ -1945,20 +2001,23 @@ ConnectionStats Connection::stats() const {
 }
 
 bool Connection::az_negotiated() const {
-  if (state_ == nullptr) return false;
+  if (StateUnlocked() == nullptr) return false;
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return false;
   return state_->az;
 }
 
 bool Connection::pull_negotiated() const {
-  if (state_ == nullptr) return false;
+  if (StateUnlocked() == nullptr) return false;
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return false;
   return state_->peer_pull > 0 && state_->opt.pull_threshold > 0;
 }
 
 absl::Status Connection::SetMode(Mode mode) {
-  if (state_ == nullptr) return Closed();
+  if (StateUnlocked() == nullptr) return Closed();
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return Closed();
   if (mode == Mode::kAz && state_->phase == ConnState::Phase::kOpen && !state_->az) {
     return MakeError(absl::StatusCode::kFailedPrecondition, EOPNOTSUPP,
                      "AZ-SDP was not negotiated on this connection",
@@ -1976,21 +2035,31 @@ absl::Status Connection::SetMode(Mode mode) {
 }
 
 void Connection::SetAutocork(bool on) {
-  if (state_ == nullptr) return;
+  if (StateUnlocked() == nullptr) return;
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return;
   state_->SetAutocork(on);
 }
 
-absl::Status Connection::SetZcopyThreshold(size_t bytes) {
-  if (state_ == nullptr) return Closed();
+void Connection::SetLinger(absl::Duration linger) {
+  if (StateUnlocked() == nullptr) return;
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return;
+  state_->opt.linger = linger;
+}
+
+absl::Status Connection::SetZcopyThreshold(size_t bytes) {
+  if (StateUnlocked() == nullptr) return Closed();
+  MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return Closed();
   state_->opt.zcopy_threshold = std::max<size_t>(bytes, 1);
   return absl::OkStatus();
 }
 
 ConnectionOptions Connection::options() const {
-  if (state_ == nullptr) return {};
+  if (StateUnlocked() == nullptr) return {};
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return {};
   return state_->opt;
 }
 
@@ -2000,26 +2069,30 @@ std::string Connection::peer_socket_address() const {
 }
 
 std::string Connection::peer_address() const {
-  if (state_ == nullptr) return "";
+  if (StateUnlocked() == nullptr) return "";
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return "";
   return state_->peer_address;
 }
 
 std::string Connection::local_address() const {
-  if (state_ == nullptr) return "";
+  if (StateUnlocked() == nullptr) return "";
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return "";
   return state_->local_address;
 }
 
 absl::Status Connection::error() const {
-  if (state_ == nullptr) return Closed();
+  if (StateUnlocked() == nullptr) return Closed();
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return Closed();
   return state_->error;
 }
 
 absl::Status Connection::TestInjectRaw(std::string bytes) {
-  if (state_ == nullptr) return Closed();
+  if (StateUnlocked() == nullptr) return Closed();
   MutexLock lock(&engine_->mu_);
+  if (state_ == nullptr) return Closed();
   ConnState* c = state_;
   if (bytes.size() > c->tx_size || bytes.size() < wire::kHeaderSize) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL, "raw message size",
@@ -2051,9 +2124,10 @@ absl::Status Connection::TestInjectRaw(std::string bytes) {
 }
 
 void Connection::TestReleaseHeld() {
-  if (state_ == nullptr) return;
+  if (StateUnlocked() == nullptr) return;
   {
     MutexLock lock(&engine_->mu_);
+    if (state_ == nullptr) return;
     state_->held = false;
     state_->opt.test_hold = nullptr;
     state_->TryTransmit();

@@ -199,6 +199,8 @@ class Connection {
   // Turns autocork on or off (ConnectionOptions::autocork); off sends a
   // held tail at once.
   void SetAutocork(bool on);
+  // The time Close waits for queued data to leave (ConnectionOptions::linger).
+  void SetLinger(absl::Duration linger);
   ConnectionOptions options() const;
   std::string peer_address() const;
   // The socket address the peer announced in its Hello ("" if none).
@@ -216,8 +218,12 @@ class Connection {
   friend class Engine;
   friend class Listener;
   Connection(Engine* engine, ConnState* state) : engine_(engine), state_(state) {}
+  // state_ without the engine lock, only to return early: Close may clear
+  // it from another thread at any time, so every method reads it again
+  // under the lock before using it.
+  ConnState* StateUnlocked() const { return __atomic_load_n(&state_, __ATOMIC_RELAXED); }
   Engine* engine_;
-  ConnState* state_;
+  ConnState* state_;  // written under the engine lock; nullptr once closed
 };
 
 }  // namespace zsock::sdp
