@@ -129,8 +129,8 @@ stop_server() {
 # ---- zsock_bench (kernel TCP and zsock) ----
 
 # zsock over $provider/$mode with --baseline=tcp, so kernel TCP runs in the
-# same invocation; if zsock cannot run at all (exit 2: e.g. the sockets API is
-# not built yet), its column says why and kernel TCP runs alone.
+# same invocation; if zsock cannot run at all (exit 2: e.g. an unknown
+# provider), its column says why and kernel TCP runs alone.
 # Records go to the column of their transport ("tcp" = kernel TCP).
 run_zsock_bench() {
   local zpeer="zsock $provider/$mode" test json err rc
