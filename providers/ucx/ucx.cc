@@ -1319,6 +1319,31 @@ void CancelRecvsLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu
   for (void* req : reqs) ucp_request_cancel(w->handle(), req);
 }
 
+// Receives that UCX matched before the cancel (a rendezvous under way)
+// still write into their buffers, which the caller frees once Close
+// returns (the SDP engine's receive ring): progress until they finish,
+// before the UCX endpoint goes (closing it first may strand the
+// rendezvous), for at most 2 s (as CloseEpLocked). Found by a socket closed while
+// the peer's large message was arriving (zsock_test
+// CloseRacesCallsInOtherThreads on ucx: a write into the unmapped ring).
+void FinishMatchedRecvsLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+  const auto busy = [c] {
+    for (const Op* op : c->recvs) {
+      if (op->ucx_busy) return true;
+    }
+    return false;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (busy() && absl::Now() < deadline) {
+    if (ucp_worker_progress(w->handle()) == 0) sched_yield();
+  }
+  if (busy()) {
+    ZS_LOG(kWarn,
+           "a receive UCX had matched did not finish within 2 s of its endpoint's close "
+           "(the peer stalled mid-rendezvous); its buffer may still be written");
+  }
+}
+
 void CloseUcpEpLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
   if (c->uep == nullptr) return;
   ReleaseRkeysLocked(c);
@@ -2273,6 +2298,7 @@ class UcxEndpoint final : public Endpoint {
       c->fail_emulated = false;
       c->worker->ReportInlineLocked();  // sends that finished before the close
       CancelRecvsLocked(c->worker, c);
+      FinishMatchedRecvsLocked(c->worker, c);
       CloseUcpEpLocked(c->worker, c);
       FailRemainingLocked(c, ClosedCancel());
     }
