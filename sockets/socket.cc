@@ -414,9 +414,9 @@ absl::StatusOr<std::shared_ptr<Socket>> Socket::Accept(int flags, SocketAddress*
   {
     MutexLock lock(&mu_);
     // SO_RCVTIMEO bounds a blocking accept, as for TCP.
-    const absl::Time deadline = (rcvtimeo_.tv_sec == 0 && rcvtimeo_.tv_usec == 0)
-                                    ? absl::InfiniteFuture()
-                                    : absl::Now() + absl::DurationFromTimeval(rcvtimeo_);
+    const int64_t timeo_us = rcvtimeo_us_.load(std::memory_order_relaxed);
+    const absl::Time deadline =
+        timeo_us == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(timeo_us);
     for (;;) {
       if (state_ != State::kListening) {
         return state_ == State::kClosed ? Err(EBADF, "accept: the socket was closed")
@@ -772,7 +772,6 @@ absl::Status Socket::SetOption(int level, int name, const void* value, socklen_t
         if (tv.tv_sec < 0 || tv.tv_usec < 0 || tv.tv_usec >= 1000000) {
           return Err(EDOM, "SO_RCVTIMEO/SO_SNDTIMEO: timeval out of range");
         }
-        (name == SO_RCVTIMEO ? rcvtimeo_ : sndtimeo_) = tv;
         (name == SO_RCVTIMEO ? rcvtimeo_us_ : sndtimeo_us_)
             .store(absl::ToInt64Microseconds(absl::DurationFromTimeval(tv)),
                    std::memory_order_relaxed);
@@ -867,9 +866,11 @@ absl::Status Socket::GetOption(int level, int name, void* value, socklen_t* len)
       case SO_LINGER:
         return put(&linger_, sizeof(linger));
       case SO_RCVTIMEO:
-        return put(&rcvtimeo_, sizeof(timeval));
-      case SO_SNDTIMEO:
-        return put(&sndtimeo_, sizeof(timeval));
+      case SO_SNDTIMEO: {
+        const timeval tv = absl::ToTimeval(absl::Microseconds(
+            (name == SO_RCVTIMEO ? rcvtimeo_us_ : sndtimeo_us_).load(std::memory_order_relaxed)));
+        return put(&tv, sizeof(tv));
+      }
       default:
         break;
     }

@@ -146,9 +146,8 @@ class Socket : public std::enable_shared_from_this<Socket> {
   int nodelay_ ABSL_GUARDED_BY(mu_) = 0;
   int keepalive_ ABSL_GUARDED_BY(mu_) = 0;
   int reuseaddr_ ABSL_GUARDED_BY(mu_) = 0;
-  timeval rcvtimeo_ ABSL_GUARDED_BY(mu_) = {0, 0};  // SO_RCVTIMEO; 0: none
-  timeval sndtimeo_ ABSL_GUARDED_BY(mu_) = {0, 0};
-  // The same in microseconds, for Send and Recv without mu_.
+  // SO_RCVTIMEO and SO_SNDTIMEO in microseconds (0: none); atomics, which
+  // Send and Recv read without mu_.
   std::atomic<int64_t> rcvtimeo_us_{0}, sndtimeo_us_{0};
   int mode_ ABSL_GUARDED_BY(mu_) = -1;  // -1: configured
   int zcopy_threshold_ ABSL_GUARDED_BY(mu_) = -1;
@@ -169,16 +168,17 @@ class Socket : public std::enable_shared_from_this<Socket> {
 
   // Send and Recv's way around mu_: the connection while the socket is
   // connected and shut down in neither direction, else nullptr (then they
-  // take mu_ and copy conn_). Such a
-  // call holds no reference on the connection: pinned_conn_ keeps the
-  // Connection object until the socket goes (after Close it is an empty
-  // handle), and sdp::Connection::Close lets calls in progress leave
-  // first. Per message this saves a lock and a reference count, four
-  // atomic instructions, about a fifth of msgrate's time.
+  // take mu_ and copy conn_). Such a call holds no reference on the
+  // connection: pinned_conn_ keeps the Connection object until the socket
+  // goes (after Close it is an empty handle), and sdp::Connection::Close
+  // lets calls in progress leave first. Per message this saves a lock and
+  // a reference count, four atomic instructions, about a fifth of
+  // msgrate's time (docs/sockets.md).
   std::atomic<sdp::Connection*> fast_conn_{nullptr};
   std::shared_ptr<sdp::Connection> pinned_conn_ ABSL_GUARDED_BY(mu_);
   void UpdateFastLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Send's ending, both ways: errno mapping and SIGPIPE.
+  // The endings of Send and Recv on either path: the errno a timeout or
+  // EAGAIN maps to, readiness, and Send's SIGPIPE.
   absl::StatusOr<size_t> SendResult(absl::StatusOr<size_t> n, int flags);
   absl::StatusOr<size_t> RecvResult(absl::StatusOr<size_t> n);
 };
