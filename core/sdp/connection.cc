@@ -1861,16 +1861,20 @@ absl::Status Connection::Shutdown(int how) {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL, "shutdown: bad 'how'",
                        "use SHUT_RD, SHUT_WR or SHUT_RDWR");
     }
-    if (how == SHUT_RD || how == SHUT_RDWR) {
-      c->shut_rd = true;
-      c->DropReceived();
-    }
-    if ((how == SHUT_WR || how == SHUT_RDWR) && c->error.ok()) c->QueueShutdownWr();
-    engine_->NoteReadinessLocked(c);
-    engine_->NotifyLocked();
+    ShutdownLocked(c, how);
   }
   engine_->RunCallbacks(/*sync=*/true);
   return absl::OkStatus();
+}
+
+void Connection::ShutdownLocked(ConnState* c, int how) {
+  if (how == SHUT_RD || how == SHUT_RDWR) {
+    c->shut_rd = true;
+    c->DropReceived();
+  }
+  if ((how == SHUT_WR || how == SHUT_RDWR) && c->error.ok()) c->QueueShutdownWr();
+  engine_->NoteReadinessLocked(c);
+  engine_->NotifyLocked();
 }
 
 void Connection::Abort() {
@@ -1910,11 +1914,7 @@ absl::Status Connection::Close() {
       // closed under them): wake them as shutdown(SHUT_RDWR) does and let
       // them leave before the state goes. One still inside after the
       // linger time (a send the peer never makes room for) is failed out.
-      c->shut_rd = true;
-      c->DropReceived();
-      if (c->error.ok() && c->phase == ConnState::Phase::kOpen) c->QueueShutdownWr();
-      engine_->NoteReadinessLocked(c);
-      engine_->NotifyLocked();
+      ShutdownLocked(c, SHUT_RDWR);
       if (!engine_->WaitLocked([&] { return c->calls == 0; }, absl::Now() + c->opt.linger)) {
         c->PostAbort(0);  // best effort, as Abort: the peer may have no room for it
         c->Fail(MakeError(absl::StatusCode::kAborted, EBADF,

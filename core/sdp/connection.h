@@ -218,6 +218,8 @@ class Connection {
   friend class Engine;
   friend class Listener;
   Connection(Engine* engine, ConnState* state) : engine_(engine), state_(state) {}
+  // Shutdown's effect, under the engine lock (Close uses it too).
+  void ShutdownLocked(ConnState* c, int how);
   // state_ without the engine lock, only to return early: Close may clear
   // it from another thread at any time, so every method reads it again
   // under the lock before using it.
