@@ -64,6 +64,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -827,6 +828,14 @@ void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
             void* user_data);
 void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
+// Progresses `worker` (its lock held) until `done()` holds or `bound`
+// passes; returns done(). For the bounded waits on UCX at a close.
+bool ProgressUntil(ucp_worker_h worker, absl::FunctionRef<bool()> done, absl::Duration bound) {
+  const absl::Time deadline = absl::Now() + bound;
+  while (!done() && absl::Now() < deadline) ucp_worker_progress(worker);
+  return done();
+}
+
 // A UCP worker shared by every endpoint and CQ of a fabric (two, when a
 // tcp fallback is in use). Every ucp_* call on it is made under `mu`
 // (UCS_THREAD_MODE_SERIALIZED).
@@ -912,11 +921,9 @@ class Worker {
     params.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(ep, &params);
     if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
-    absl::Time deadline = absl::Now() + absl::Seconds(2);
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && absl::Now() < deadline) {
-      ucp_worker_progress(worker_);
-    }
-    if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+    if (!ProgressUntil(
+            worker_, [req] { return ucp_request_check_status(req) != UCS_INPROGRESS; },
+            absl::Seconds(2))) {
       ZS_LOG(kWarn, "UCX did not finish closing an endpoint within 2 s; leaving it");
       return;
     }
@@ -1323,8 +1330,8 @@ void CancelRecvsLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu
 // still write into their buffers, which the caller frees once Close
 // returns (the SDP engine's receive ring): progress until they finish,
 // before the UCX endpoint goes (closing it first may strand the
-// rendezvous), for at most 2 s (as CloseEpLocked). Found by a socket closed while
-// the peer's large message was arriving (zsock_test
+// rendezvous), for at most 2 s, as CloseEpLocked. Found by a socket closed
+// while the peer's large message was arriving (zsock_test
 // CloseRacesCallsInOtherThreads on ucx: a write into the unmapped ring).
 void FinishMatchedRecvsLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
   const auto busy = [c] {
@@ -1333,11 +1340,7 @@ void FinishMatchedRecvsLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRE
     }
     return false;
   };
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  while (busy() && absl::Now() < deadline) {
-    if (ucp_worker_progress(w->handle()) == 0) sched_yield();
-  }
-  if (busy()) {
+  if (!ProgressUntil(w->handle(), [&] { return !busy(); }, absl::Seconds(2))) {
     ZS_LOG(kWarn,
            "a receive UCX had matched did not finish within 2 s of its endpoint's close "
            "(the peer stalled mid-rendezvous); its buffer may still be written");
@@ -2220,10 +2223,10 @@ class UcxEndpoint final : public Endpoint {
       // wait, a bounded time; then cancel, and the send is lost like one to
       // a peer that failed.
       ucs_status_t st = UCS_INPROGRESS;
-      const int64_t deadline = CoarseNowNs() + int64_t{1000000000};
-      while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && CoarseNowNs() < deadline) {
-        ucp_worker_progress(c->worker->handle());
-      }
+      ProgressUntil(
+          c->worker->handle(),
+          [&] { return (st = ucp_request_check_status(req)) != UCS_INPROGRESS; },
+          absl::Seconds(1));
       if (st == UCS_INPROGRESS) {
         // Stuck (docs/ucx.md: after some shared-memory peer deaths): cancel
         // and give it a moment more; a request UCX still keeps then is left
