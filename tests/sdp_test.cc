@@ -959,8 +959,12 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
   EXPECT_GE(grown, 2'000'000) << "in 50 round trips, no reply found about 5 ms into a "
                                  "receive that slept after 1 ms grew the spin";
   EXPECT_LE(grown, 50'000'000);
-  timed_out_recv();
-  EXPECT_LE(engine->stats().spin_ns, grown / 2);
+  // A receive that times out with nothing arriving halves the spin. One
+  // that the peer's trailing traffic woke (a credit or flow report for the
+  // last reply, landing inside its 2 ms) ended its wait with work and
+  // teaches nothing, so give it a few tries; each must still time out.
+  for (int i = 0; i < 5 && engine->stats().spin_ns > grown / 2; ++i) timed_out_recv();
+  EXPECT_LE(engine->stats().spin_ns, grown / 2) << "five timed-out receives left the spin";
   // End of stream both ways (the child's close needs this side's progress).
   EndOfStreamBothWays(c->get(), child);
 }
