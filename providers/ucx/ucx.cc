@@ -727,6 +727,7 @@ struct Op {
   uint64_t* result = nullptr;  // native atomics: where the old value goes
   uint64_t value = 0;          // native atomics: addend / compare value
   uint64_t reply = 0;          // native atomics: swap value in, old value out
+  bool used = false;           // in Worker's free list, not yet Recycle()d
 
   // Back to the state of a new Op of the same kind, for Worker's free list
   // (user sends and receives). Field by field: `*this = Op{kind}` built,
@@ -964,13 +965,20 @@ class Worker {
   // Discards user messages still queued for a departed endpoint.
   void DiscardMessagesLocked(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // User sends and receives come from a free list: a ping-pong makes two
-  // per round trip, and malloc plus free (core's release hooks included)
-  // cost more than the rest of their bookkeeping.
+  // User sends and receives (and control receives, TakeControlLocked)
+  // come from a free list: a ping-pong makes two per round trip, and malloc
+  // plus free (core's release hooks included) cost more than the rest of
+  // their bookkeeping. An op is reset when it is taken again, not when it
+  // is freed: a receive that finishes is freed between the message's
+  // arrival and the caller's reply, and the next post has no such hurry.
   Op* NewOpLocked(Op::Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (free_ops_.empty()) return new Op{kind};
     Op* op = free_ops_.back();
     free_ops_.pop_back();
+    if (op->used) {
+      op->Recycle();
+      op->used = false;
+    }
     op->kind = kind;
     return op;
   }
@@ -979,7 +987,11 @@ class Worker {
       delete op;
       return;
     }
-    op->Recycle();
+    // What it shares goes now (an endpoint's core must not outlive its
+    // last user in a free list).
+    if (op->keep != nullptr) op->keep.reset();
+    if (op->control_in != nullptr) op->control_in.reset();
+    op->used = true;
     free_ops_.push_back(op);
   }
 
@@ -1038,11 +1050,17 @@ class Worker {
   void TakeControlLocked(const std::shared_ptr<EpCore>& core, ucp_tag_message_h msg,
                          const ucp_tag_recv_info_t& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   size_t DrainHoldingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Receives the probed message `msg` into buf for `op` (a control receive
-  // or a discard), which this worker tracks until UCX finishes it.
+  // Starts receiving the probed message `msg` into buf for `op`;
+  // afterwards op->completed is set (the caller settles it) or UCX owns it.
+  void StartProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The same for a discard, which this worker tracks until UCX finishes it.
   void ReceiveProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   size_t ReportInlineSlowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Fails the endpoints UCX's error handler reported (out of the busy
+  // poll's line: its message building is most of a progress call's code).
+  __attribute__((noinline)) size_t FailReportedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   std::shared_ptr<Context> ctx_;
   ucp_worker_h worker_;
@@ -1359,6 +1377,12 @@ size_t Worker::ProgressLocked(int64_t now) {
   // Sends finished inside their ucp_tag_send_nbx, before what this
   // progress finds.
   size_t reported = ReportInlineLocked();
+  // Flow reports and held sends queued since the last call go first, not
+  // after this call's progress: a report that a receive consumed its way
+  // to then never delays the reply a ping-pong's caller sends next (the
+  // caller's PostRecv or the next progress sends it), and a peer's report
+  // opens the window at most one call later.
+  if (!flow_due_.empty()) reported += FlowLocked();
   // One ucp_worker_progress call (it handles a batch): when it found
   // something, the caller gets it now, and the rest (more progress, the
   // control probe) waits for the next call: a ping-pong's reply is then
@@ -1383,6 +1407,14 @@ size_t Worker::ProgressLocked(int64_t now) {
   } else if (!holding.empty()) {
     n += DrainHoldingLocked();
   }
+  if (!failed_.empty()) n += FailReportedLocked();
+  n += reported;
+  last_progress_ = n;
+  return n;
+}
+
+size_t Worker::FailReportedLocked() {
+  size_t n = 0;
   while (!failed_.empty()) {
     auto [core, st] = failed_.back();
     failed_.pop_back();
@@ -1393,9 +1425,6 @@ size_t Worker::ProgressLocked(int64_t now) {
                         "reconnect; data the peer sent before it failed was delivered"));
     ++n;
   }
-  if (!flow_due_.empty()) n += FlowLocked();
-  n += reported;
-  last_progress_ = n;
   return n;
 }
 
@@ -1500,16 +1529,33 @@ size_t Worker::DrainAnyLocked() {
 
 void Worker::TakeControlLocked(const std::shared_ptr<EpCore>& core, ucp_tag_message_h msg,
                                const ucp_tag_recv_info_t& info) {
+  // Into an Op of the free list: UCX finishes an eager message that is
+  // already here inside the call, and a flow report (every quarter of a
+  // stream's window) is then taken at once, with no ControlIn, tracking
+  // or allocation.
+  Op* op = NewOpLocked(Op::Kind::kControlRecv);
+  op->owned.resize(info.length);
+  StartProbedLocked(op, msg, op->owned.data(), op->owned.size());
+  if (uint64_t consumed = 0; op->completed && op->ucx_status == UCS_OK &&
+                             DecodeRecord(op->owned, kFlowReportMarker, &consumed)) {
+    core->flow.PeerReported(consumed);
+    if (!core->held.empty()) QueueFlowLocked(core.get());
+    FreeOpLocked(op);
+    return;
+  }
+  // Anything else goes to the endpoint (Service), in arrival order.
   auto in = std::make_shared<ControlIn>();
-  in->data.resize(info.length);
-  auto* op = new Op{Op::Kind::kControlRecv};
+  core->control.push_back(in);
   op->core = core.get();
   op->keep = core;
   op->worker = this;
-  op->control_in = in;
-  core->control.push_back(in);
+  op->control_in = std::move(in);
   if (core->cq != nullptr) core->cq->NoteService();
-  ReceiveProbedLocked(op, msg, in->data.data(), in->data.size());
+  if (op->completed) {
+    SettleLocked(op);
+  } else {
+    Track(op);
+  }
   if (!core->control.empty() && core->cq != nullptr && !core->cq->IsProgressingHere()) {
     core->cq->WakeWaiter();
   }
@@ -1550,20 +1596,27 @@ void Worker::DiscardMessagesLocked(uint64_t tag) {
   }
 }
 
-void Worker::ReceiveProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len) {
+void Worker::StartProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len) {
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
   p.cb.recv = OnRecv;
   p.user_data = op;
   p.recv_info.tag_info = &op->info;
-  Track(op);
   ucs_status_t st = Submit(op, [&] { return ucp_tag_msg_recv_nbx(worker_, buf, len, msg, &p); });
   if (st != UCS_OK) {
     op->completed = true;
     op->ucx_status = st;
   }
-  if (op->completed) SettleLocked(op);
+}
+
+void Worker::ReceiveProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_t len) {
+  StartProbedLocked(op, msg, buf, len);
+  if (op->completed) {
+    SettleLocked(op);
+  } else {
+    Track(op);
+  }
 }
 
 // Finishes an operation UCX completed (op->completed), after its
@@ -1600,6 +1653,7 @@ void SettleLocked(Op* op) {
       delete op;
       return;
     case Op::Kind::kControlRecv:
+      op->control_in->data = std::move(op->owned);  // TakeControlLocked's buffer
       op->control_in->done = true;
       op->control_in->ok = (st == UCS_OK);
       if (uint64_t consumed = 0;
@@ -1720,6 +1774,49 @@ absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> m
   return absl::OkStatus();
 }
 
+// Sends `msg` without a completion (an injected send, or a control
+// message such as a flow report) from the caller's buffer when UCX
+// finishes it inside the call (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: the
+// common case, a message on the transport's eager-short path while
+// nothing is queued), else from a copy (SendCopyLocked). UCP keeps the
+// endpoint's sends in order either way.
+absl::Status SendNowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
+                           absl::string_view what) {
+  const bool user = kind == Op::Kind::kInjectSend;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+  void* req = ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &p);
+  if (req == nullptr) {
+    if (user) c->flow.Posted();
+    return absl::OkStatus();
+  }
+  if (!UCS_PTR_IS_ERR(req)) {
+    if (user) c->flow.Posted();  // given to UCX, whatever becomes of it
+    // UCX ignored the flag (1.13 does not): the buffer is still UCX's, so
+    // wait, a bounded time; then cancel, and the send is lost like one to
+    // a peer that failed.
+    ucs_status_t st = UCS_INPROGRESS;
+    ProgressUntil(
+        c->worker->handle(),
+        [&] { return (st = ucp_request_check_status(req)) != UCS_INPROGRESS; },
+        absl::Seconds(1));
+    if (st == UCS_INPROGRESS) {
+      // Stuck (docs/ucx.md: after some shared-memory peer deaths): cancel
+      // and give it a moment more; a request UCX still keeps then is left
+      // to it (freed when it finishes), and the send reported failed.
+      ucp_request_cancel(c->worker->handle(), req);
+      for (int i = 0; i < 1000 && (st = ucp_request_check_status(req)) == UCS_INPROGRESS; ++i) {
+        ucp_worker_progress(c->worker->handle());
+      }
+    }
+    ucp_request_free(req);
+    if (st == UCS_INPROGRESS) st = UCS_ERR_TIMED_OUT;
+    return st == UCS_OK ? absl::OkStatus() : UcsError(st, what);
+  }
+  if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) return UcsError(UCS_PTR_STATUS(req), what);
+  return SendCopyLocked(c, kind, msg, what);
+}
+
 // A user send (or an injected send's copy, already in `others`) waits for
 // the window, behind those already waiting.
 void HoldLocked(EpCore* c, Op* op) {
@@ -1772,9 +1869,9 @@ size_t Worker::FlowLocked() {
       // Never behind our own held sends: the peer's window may be what
       // waits for it. A failed one means the endpoint is failing (UCX's
       // error handler reports that).
-      if (SendCopyLocked(c.get(), Op::Kind::kControlSend,
-                         EncodeRecord(kFlowReportMarker, c->user_received),
-                         "sending a ucx flow-control report failed")
+      if (SendNowLocked(c.get(), Op::Kind::kControlSend,
+                        EncodeRecord(kFlowReportMarker, c->user_received),
+                        "sending a ucx flow-control report failed")
               .ok()) {
         c->flow.Reported(c->user_received);
         ++n;
@@ -2193,11 +2290,8 @@ class UcxEndpoint final : public Endpoint {
     return absl::OkStatus();
   }
 
-  // An injected send (Capabilities::inject_size): UCX finishes it inside
-  // the call (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: the common case, a message
-  // on the transport's eager-short path while nothing is queued) or it goes
-  // from a copy. UCP keeps the endpoint's sends in order either
-  // way; no completion is reported.
+  // An injected send (Capabilities::inject_size): no completion is
+  // reported; SendNowLocked sends it from the caller's buffer or a copy.
   absl::Status InjectLocked(EpCore* c, const void* buf, size_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
     if (c->MustHold()) {
@@ -2210,42 +2304,9 @@ class UcxEndpoint final : public Endpoint {
       HoldLocked(c, op);
       return absl::OkStatus();
     }
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
-    void* req = ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &p);
-    if (req == nullptr) {
-      c->flow.Posted();
-      return absl::OkStatus();
-    }
-    if (!UCS_PTR_IS_ERR(req)) {
-      c->flow.Posted();  // given to UCX, whatever becomes of it
-      // UCX ignored the flag (1.13 does not): the buffer is still UCX's, so
-      // wait, a bounded time; then cancel, and the send is lost like one to
-      // a peer that failed.
-      ucs_status_t st = UCS_INPROGRESS;
-      ProgressUntil(
-          c->worker->handle(),
-          [&] { return (st = ucp_request_check_status(req)) != UCS_INPROGRESS; },
-          absl::Seconds(1));
-      if (st == UCS_INPROGRESS) {
-        // Stuck (docs/ucx.md: after some shared-memory peer deaths): cancel
-        // and give it a moment more; a request UCX still keeps then is left
-        // to it (freed when it finishes), and the send reported failed.
-        ucp_request_cancel(c->worker->handle(), req);
-        for (int i = 0; i < 1000 && (st = ucp_request_check_status(req)) == UCS_INPROGRESS; ++i) {
-          ucp_worker_progress(c->worker->handle());
-        }
-      }
-      ucp_request_free(req);
-      if (st == UCS_INPROGRESS) st = UCS_ERR_TIMED_OUT;
-      return st == UCS_OK ? absl::OkStatus() : UcsError(st, "ucx injected send failed");
-    }
-    if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
-      return UcsError(UCS_PTR_STATUS(req), "ucx injected send failed");
-    }
-    return SendCopyLocked(c, Op::Kind::kInjectSend,
-                          std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
-                          "ucx injected send failed");
+    return SendNowLocked(c, Op::Kind::kInjectSend,
+                         std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
+                         "ucx injected send failed");
   }
 
   absl::Status SendControl(std::span<const uint8_t> msg) override {
@@ -2253,7 +2314,7 @@ class UcxEndpoint final : public Endpoint {
     MutexLock lock(&c->worker->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
-    return SendCopyLocked(c, Op::Kind::kControlSend, msg, "sending a ucx control message failed");
+    return SendNowLocked(c, Op::Kind::kControlSend, msg, "sending a ucx control message failed");
   }
 
   absl::Status Read(void* local, size_t len, MemoryRegion* mr, uint64_t remote_addr,
