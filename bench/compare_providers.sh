@@ -15,11 +15,16 @@
 #         FI_WAIT_NONE (docs/ofi.md)
 #   zsock ucx:tcp                   vs  UCX_TLS=tcp ucx_perftest -t tag_lat / tag_bw
 #   zsock ucx:posix,cma             vs  UCX_TLS=posix,cma ucx_perftest -t tag_lat / tag_bw
+#   zsock ucx:posix,cma?threads=serialized (row ucx:posix-ser): no
+#         worker lock, as ucx_perftest's default thread mode (-M single)
+#   zsock ucx:posix,cma (row ucx:posix-mt) vs ucx_perftest -M multi: both
+#         thread-safe (docs/ucx.md, "Thread modes")
 #
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1]
-#                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix]
+#                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,
+#                                              ucx:posix-ser,ucx:posix-mt]
 #                                   (also ofi:tcp-nowait)
 #                                   [--repeat=5] [--level=provider|sdp]
 #
@@ -72,7 +77,7 @@ cd "$(dirname "$0")/.."
 sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
-configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix
+configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,ucx:posix-ser,ucx:posix-mt
 repeat=5
 level=provider
 for arg in "$@"; do
@@ -184,9 +189,9 @@ ucx_pt() {
   command -v ucx_perftest >/dev/null || { echo "n/a (ucx_perftest missing: apt-get install ucx-utils)"; return; }
   local port w=$(( n / 10 > 10 ? n / 10 : 10 ))
   port=$(free_port)
-  if ! run_pair "$port" -- env UCX_TLS="$tls" ucx_perftest -p "$port" \
+  if ! run_pair "$port" -- env UCX_TLS="$tls" ucx_perftest -p "$port" "${ptextra[@]}" \
        -- env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$n" \
-          -w "$w" -O "$window"; then
+          -w "$w" -O "$window" "${ptextra[@]}"; then
     echo "n/a (ucx_perftest failed: $(grep -v '^$' "$tmp/client.out" | tail -1 | cut -c1-80))"
     return
   fi
@@ -256,6 +261,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" ||
 IFS=, read -ra cfgs <<<"$configs"
 IFS=, read -ra size_list <<<"$sizes"
 for cfg in "${cfgs[@]}"; do
+  ptextra=()  # ucx_perftest's options beside the defaults
   case "$cfg" in
     ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=(-e rdm) ;;
@@ -265,6 +271,8 @@ for cfg in "${cfgs[@]}"; do
     ofi:tcp-nowait) zs="ofi:tcp;ofi_rxm?iface=lo&cq_wait=none"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ucx:tcp) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp ;;
     ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
+    ucx:posix-ser) zs="ucx:posix,cma?threads=serialized"; peer=ucx_perftest; tls=posix,cma ;;
+    ucx:posix-mt) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma; ptextra=(-M multi) ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
   esac
   # Interleaved: each round runs zsock once and then the peer at every
@@ -319,6 +327,8 @@ for cfg in "${cfgs[@]}"; do
     [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
     [ -z "$note" ] || rows+=("    $peer: $note")
   done
+  [ "${#ptextra[@]}" = 0 ] || rows+=("    ucx_perftest ran with ${ptextra[*]}; zsock as $zs")
+  [ "$cfg" != ucx:posix-ser ] || rows+=("    zsock as $zs (no worker lock, as ucx_perftest's default -M single)")
   rows+=("    line crossing (ns), before zsock / after $peer, per round: $(awk '{ printf "%s%s/%s", (NR > 1 ? " " : ""), $1, $2 }' "$tmp/probe.all")")
 done
 

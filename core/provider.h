@@ -78,6 +78,11 @@ struct Capabilities {
   bool registration_required = false;  // local buffers need a MemoryRegion
   bool peer_on_host = false;     // peers are (or may be) on this host
   bool wait_fd = true;           // CompletionQueue::wait_fd is usable
+  // Any thread may call into the fabric at any time. False when the user
+  // configured a single-threaded mode (ucx's threads=serialized): one
+  // thread at a time, which the SDP engine (a progress thread beside the
+  // application's) cannot promise.
+  bool thread_safe = true;
   std::vector<std::string> notes;  // e.g. why an operation is emulated
 };
 

@@ -1178,6 +1178,10 @@ TEST_P(Conformance, PollLeavesTheWakeupForTheSleeper) {
 // a send completing at once, and a receive posted for a message that had
 // already arrived.
 TEST_P(Conformance, WaitWakesForWorkFromAnotherThread) {
+  if (!fabric_->caps().thread_safe) {
+    GTEST_SKIP() << "a single-threaded configuration (one thread at a time calls into the "
+                    "fabric): this test posts from one thread while another waits";
+  }
   pid_t child = Spawn([&] {
     ChildConn c = ChildConnect();
     CHILD_OK(SendBlob(c.ep.get(), "early"));  // arrives before any receive
@@ -1581,14 +1585,17 @@ TEST_P(Conformance, OversizedMessageFailsOnlyThatReceive) {
 // no wait object (cq_wait=none, for busy pollers): their blocking waits
 // take a different path (a timer instead of the CQ's fd, docs/ofi.md);
 // ofi:tcp waiting on its CQs' FI_WAIT_FD objects instead of its sockets;
-// and, with no backstop timer, ofi:tcp on its sockets and rxm on its
+// with no backstop timer, ofi:tcp on its sockets and rxm on its
 // FI_WAIT_FD objects (a wake-up they miss then fails a test instead of
-// costing a millisecond).
+// costing a millisecond); and ucx without its worker lock
+// (threads=serialized: every test but one calls each fabric from one
+// thread, its peers being processes).
 std::vector<std::string> SuiteConfigurations() {
   std::vector<std::string> out = ConformanceConfigurations();
   for (const char* c : {"ofi:tcp;ofi_rxm?iface=lo&cq_wait=none", "ofi:tcp?iface=lo&cq_wait=none",
                         "ofi:tcp?iface=lo&cq_wait=fd", "ofi:tcp?iface=lo&backstop_ms=0",
-                        "ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0"}) {
+                        "ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0", "ucx:tcp?threads=serialized",
+                        "ucx:posix,cma?threads=serialized"}) {
     out.push_back(c);
   }
   return out;

@@ -969,6 +969,18 @@ TEST_P(SdpTest, ApplicationWaitsLearnHowSoonRepliesCome) {
   EndOfStreamBothWays(c->get(), child);
 }
 
+// The engine calls its fabric from its progress thread and from the
+// application's threads: a fabric configured for one thread at a time
+// (ucx's threads=serialized) is refused, saying what to change.
+TEST(SdpEngine, RefusesASingleThreadedFabric) {
+  auto e = Engine::Create({"ucx:tcp?threads=serialized", false});
+  ASSERT_FALSE(e.ok()) << "the engine took a fabric that allows one thread at a time";
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << e.status();
+  EXPECT_TRUE(absl::StrContains(e.status().message(), "single-threaded")) << e.status();
+  EXPECT_TRUE(absl::StrContains(e.status().message(), "drop threads=serialized")) << e.status();
+  EXPECT_TRUE(Engine::Create({"ucx:tcp?threads=multi", false}).ok());
+}
+
 // A blocking call's spin ends at its deadline: with a 300 ms spin (as a
 // large spin_max_us allows), a receive with a 20 ms timeout and nothing to
 // read returns well before the spin would have ended.

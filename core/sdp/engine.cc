@@ -43,6 +43,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   }
   auto fabric = Fabric::Open(spec);
   if (!fabric.ok()) return fabric.status();
+  if (!(*fabric)->caps().thread_safe) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                     absl::StrCat("fabric '", spec,
+                                  "' is single-threaded, and the SDP engine calls it from its "
+                                  "progress thread and the application's threads"),
+                     "drop threads=serialized from the provider's options");
+  }
   auto cq = (*fabric)->CreateCq();
   if (!cq.ok()) return cq.status();
   std::unique_ptr<Engine> e(new Engine(options.spin.value_or(ConfiguredSpin())));

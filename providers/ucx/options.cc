@@ -194,7 +194,7 @@ bool In(const std::string& s, const char* const (&list)[N]) {
 }
 
 constexpr const char* kZsockOptions[] = {"fallback", "native_rma", "max_registrations",
-                                         "flow_window"};
+                                         "flow_window", "threads"};
 
 absl::Status ApplyUcxOption(const std::string& name, const std::string& value,
                             Settings* s) {
@@ -332,6 +332,15 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
       auto n = Config::ParseFlowWindow("ucx", v, "the peer's UCX");
       if (!n.ok()) return n.status();
       s.flow_window = *n;
+    } else if (k == "threads") {
+      if (v != "multi" && v != "serialized") {
+        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                         absl::StrCat("ucx option threads=", v, " is not multi or serialized"),
+                         "threads=multi (the default) lets any thread call at any time; "
+                         "threads=serialized promises one thread at a time and drops the "
+                         "worker's lock");
+      }
+      s.serialized = (v == "serialized");
     } else {
       unknown.push_back(k);
     }

@@ -12,7 +12,7 @@
 // variables and translated to the key ucp_config_modify understands: an
 // unknown name, a process-wide one (read when UCX loads) or one UCX cannot
 // set per context is an error naming it. zsock's own options (fallback,
-// native_rma, max_registrations, flow_window) are documented in docs/ucx.md.
+// native_rma, max_registrations, flow_window, threads) are documented in docs/ucx.md.
 #ifndef ZSOCK_PROVIDERS_UCX_OPTIONS_H_
 #define ZSOCK_PROVIDERS_UCX_OPTIONS_H_
 
@@ -49,6 +49,11 @@ struct Settings {
   // sender's side (option flow_window; 0: no flow control). Checked in
   // LoadSettings: 0, or 4 to 1000000.
   uint32_t flow_window = 1024;
+  // Option threads=serialized: the application calls into the fabric (its
+  // CQs, endpoints, listeners, registrations) from one thread at a time, as
+  // UCX's UCS_THREAD_MODE_SERIALIZED asks, and zsock takes no worker lock.
+  // threads=multi (the default): any thread, any time.
+  bool serialized = false;
   absl::Duration connect_timeout = absl::Seconds(10);
   // ucp_config_modify(key, value) pairs from ?UCX_...= options, in order.
   std::vector<std::pair<std::string, std::string>> ucx_options;

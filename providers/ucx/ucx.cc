@@ -837,13 +837,46 @@ bool ProgressUntil(ucp_worker_h worker, absl::FunctionRef<bool()> done, absl::Du
   return done();
 }
 
+// The worker's lock. With threads=serialized (Settings::serialized) the
+// application calls into the fabric from one thread at a time, as UCX's
+// UCS_THREAD_MODE_SERIALIZED asks, and the lock is not taken: a lock and
+// an unlock cost about 10 ns here, and a ping-pong's every turn takes two
+// (the poll that finds the message, the send of the reply), which is what
+// ucx_perftest's -M multi costs over its default -M single. A CondVar
+// never waits on it.
+class ABSL_LOCKABLE WorkerMutex {
+ public:
+  explicit WorkerMutex(bool serialized) : serialized_(serialized) {}
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    if (!serialized_) mu_.Lock();
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    if (!serialized_) mu_.Unlock();
+  }
+
+ private:
+  const bool serialized_;
+  Mutex mu_;
+};
+
+class ABSL_SCOPED_LOCKABLE WorkerLock {
+ public:
+  explicit WorkerLock(WorkerMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~WorkerLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  WorkerLock(const WorkerLock&) = delete;
+  WorkerLock& operator=(const WorkerLock&) = delete;
+
+ private:
+  WorkerMutex* mu_;
+};
+
 // A UCP worker shared by every endpoint and CQ of a fabric (two, when a
 // tcp fallback is in use). Every ucp_* call on it is made under `mu`
 // (UCS_THREAD_MODE_SERIALIZED).
 class Worker {
  public:
   static absl::StatusOr<std::unique_ptr<Worker>> Create(std::shared_ptr<Context> ctx,
-                                                        std::string name) {
+                                                        std::string name, bool serialized) {
     if (auto st = ForkGuard::Get().Check(); !st.ok()) return st;
     ucp_worker_params_t params{};
     params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -860,19 +893,20 @@ class Worker {
       return UcsError(st, "UCX gave no wakeup fd for its worker");
     }
     ForkGuard::Get().Add();
-    return std::unique_ptr<Worker>(new Worker(std::move(ctx), handle, efd, std::move(name)));
+    return std::unique_ptr<Worker>(
+        new Worker(std::move(ctx), handle, efd, std::move(name), serialized));
   }
 
   ~Worker() {
     {
-      MutexLock lock(&mu);
+      WorkerLock lock(&mu);
       // Requests UCX has not finished yet (matched control receives, ...).
       for (int i = 0; i < 1000 && !busy_.empty(); ++i) ucp_worker_progress(worker_);
     }
     ucp_worker_destroy(worker_);
     // What UCX never completed (docs/ucx.md: requests stuck after some peer
     // deaths) can no longer call back.
-    MutexLock lock(&mu);
+    WorkerLock lock(&mu);
     for (Op* op : busy_) delete op;
     busy_.clear();
     for (Op* op : free_ops_) delete op;
@@ -1032,7 +1066,7 @@ class Worker {
   void Track(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.insert(op); }
   void Untrack(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { busy_.erase(op); }
 
-  Mutex mu;
+  WorkerMutex mu;
   absl::flat_hash_map<uint32_t, std::shared_ptr<EpCore>> eps ABSL_GUARDED_BY(mu);
   // The endpoints whose sends wait for their window (EpCore::held): every
   // progress probes them for the peer's report (DrainHoldingLocked), not
@@ -1040,8 +1074,9 @@ class Worker {
   absl::flat_hash_set<EpCore*> holding ABSL_GUARDED_BY(mu);
 
  private:
-  Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd, std::string name)
-      : ctx_(std::move(ctx)), worker_(w), efd_(efd), name_(std::move(name)) {}
+  Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd, std::string name,
+         bool serialized)
+      : mu(serialized), ctx_(std::move(ctx)), worker_(w), efd_(efd), name_(std::move(name)) {}
 
   size_t DrainControlLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   size_t DrainCoreLocked(const std::shared_ptr<EpCore>& core) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -2159,7 +2194,7 @@ class UcxEndpoint final : public Endpoint {
       : Endpoint(fabric, cq), cq_(cq), core_(std::move(core)), sock_(std::move(sock)),
         info_(std::move(info)) {
     {
-      MutexLock lock(&core_->worker->mu);
+      WorkerLock lock(&core_->worker->mu);
       core_->ep = this;
     }
     cq_->Attach(this, sock_.get());
@@ -2169,7 +2204,7 @@ class UcxEndpoint final : public Endpoint {
     Close();
     cq_->Detach(this, sock_.get());
     Worker* w = core_->worker;
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     w->DiscardMessagesLocked(core_->RecvTag(false));
     w->DiscardMessagesLocked(core_->RecvTag(true));
     w->eps.erase(core_->local_id);
@@ -2193,7 +2228,7 @@ class UcxEndpoint final : public Endpoint {
     }
     EpCore* c = core_.get();
     Worker* w = c->worker;
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
     if (context == kInjectContext) return InjectLocked(c, buf, len);
@@ -2246,7 +2281,7 @@ class UcxEndpoint final : public Endpoint {
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion*, uint64_t context) override {
     EpCore* c = core_.get();
     Worker* w = c->worker;
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     if (c->closed) return ClosedError();
     if (c->dead) {
       // Messages the peer sent before it died are still delivered.
@@ -2311,7 +2346,7 @@ class UcxEndpoint final : public Endpoint {
 
   absl::Status SendControl(std::span<const uint8_t> msg) override {
     EpCore* c = core_.get();
-    MutexLock lock(&c->worker->mu);
+    WorkerLock lock(&c->worker->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
     return SendNowLocked(c, Op::Kind::kControlSend, msg, "sending a ucx control message failed");
@@ -2356,7 +2391,7 @@ class UcxEndpoint final : public Endpoint {
   void Close() override {
     EpCore* c = core_.get();
     {
-      MutexLock lock(&c->worker->mu);
+      WorkerLock lock(&c->worker->mu);
       if (c->closed) return;
       c->closed = true;
       c->fail_emulated = false;
@@ -2379,7 +2414,7 @@ class UcxEndpoint final : public Endpoint {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     cq_->Unwatch(sock_.get());
     EpCore* c = core_.get();
-    MutexLock lock(&c->worker->mu);
+    WorkerLock lock(&c->worker->mu);
     c->worker->FailLocked(
         c, MakeError(absl::StatusCode::kAborted, ECONNRESET,
                      absl::StrCat("ucx peer pid ", c->peer_pid,
@@ -2396,7 +2431,7 @@ class UcxEndpoint final : public Endpoint {
     absl::Status fail;
     EpCore* c = core_.get();
     {
-      MutexLock lock(&c->worker->mu);
+      WorkerLock lock(&c->worker->mu);
       while (!c->control.empty() && c->control.front()->done) {
         ready.push_back(std::move(c->control.front()));
         c->control.pop_front();
@@ -2415,7 +2450,7 @@ class UcxEndpoint final : public Endpoint {
 
   bool HasWork() {
     EpCore* c = core_.get();
-    MutexLock lock(&c->worker->mu);
+    WorkerLock lock(&c->worker->mu);
     return c->fail_emulated || (!c->control.empty() && c->control.front()->done);
   }
 
@@ -2430,7 +2465,7 @@ class UcxEndpoint final : public Endpoint {
     if (!DecodeBlob(rkey, &key) || (key.flags & kSlotNative) == 0) return absl::OkStatus();
     EpCore* c = core_.get();
     Worker* w = c->worker;
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     if (!c->native) return absl::OkStatus();
     *handled = true;
     if (c->closed) return ClosedError();
@@ -2558,7 +2593,7 @@ absl::StatusOr<std::unique_ptr<UcxCq>> UcxCq::Create(UcxFabric* fabric) {
 UcxCq::~UcxCq() {
   fabric_->RemoveCq(this);
   fabric_->ForEachLiveWorker([this](Worker* w) {
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     w->ForgetCqLocked(this);
   });
 }
@@ -2587,7 +2622,7 @@ size_t UcxCq::Progress() {
   size_t n = 0;
   const int64_t now = CoarseNowNs();
   fabric_->ForEachLiveWorker([&n, now](Worker* w) {
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     n += w->ProgressLocked(now);
   });
   // The connection sockets only signal a peer's end, and looking at them
@@ -2632,7 +2667,7 @@ bool UcxCq::ArmProvider() {
   for (Worker* w : fabric_->LiveWorkers()) {
     Worker::Arm state;
     {
-      MutexLock lock(&w->mu);
+      WorkerLock lock(&w->mu);
       state = w->ArmLocked();
     }
     switch (state) {
@@ -2818,6 +2853,11 @@ void UcxFabric::InitCaps() {
   caps_.registration_required = false;
   caps_.peer_on_host = s.same_host_only;
   caps_.wait_fd = true;
+  caps_.thread_safe = !s.serialized;
+  if (s.serialized) {
+    caps_.notes.push_back(
+        "threads=serialized: one thread at a time calls into this fabric; no worker lock");
+  }
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
   caps_.notes.push_back(absl::StrCat(
@@ -2892,7 +2932,7 @@ UcxFabric::~UcxFabric() {
 absl::StatusOr<Worker*> UcxFabric::StartWorker(std::shared_ptr<Context> ctx, const char* name,
                                                std::unique_ptr<Worker>* slot,
                                                std::atomic<Worker*>* published) {
-  auto w = Worker::Create(std::move(ctx), name);
+  auto w = Worker::Create(std::move(ctx), name, settings_.serialized);
   if (!w.ok()) return w.status();
   *slot = std::move(*w);
   published->store(slot->get(), std::memory_order_release);
@@ -2942,7 +2982,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
 
   Hello mine;
   {
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     auto addr = w->Address();
     if (!addr.ok()) return addr.status();
     mine.address = *addr;
@@ -2993,7 +3033,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
   ucp_ep_h uep = nullptr;
   core->worker = w;
   if (attempt.ok()) {
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     auto ep = w->CreateEp(theirs->address, core.get());
     if (ep.ok()) {
       uep = *ep;
@@ -3007,7 +3047,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
   verdict[0] = attempt.ok() ? 1 : 0;
   if (!attempt.ok()) verdict += std::string(attempt.message()).substr(0, 2048);
   auto unregister = [&](Worker* wk) {
-    MutexLock lock(&wk->mu);
+    WorkerLock lock(&wk->mu);
     wk->eps.erase(core->local_id);
     if (core->uep != nullptr) {
       ucp_ep_h ep = core->uep;
@@ -3047,7 +3087,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
     core->worker = w;
     std::string addr;
     {
-      MutexLock lock(&w->mu);
+      WorkerLock lock(&w->mu);
       auto a = w->Address();
       if (!a.ok()) return a.status();
       addr = *a;
@@ -3062,7 +3102,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
       unregister(w);
       return their_addr.status();
     }
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     auto ep = w->CreateEp(*their_addr, core.get());
     if (!ep.ok()) {
       w->eps.erase(core->local_id);
@@ -3081,7 +3121,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, Completi
   info.rdma_write = Support::kEmulated;
   info.atomics = Support::kEmulated;
   {
-    MutexLock lock(&w->mu);
+    WorkerLock lock(&w->mu);
     std::string text = CaptureOutput([&](FILE* out) { ucp_ep_print_info(core->uep, out); });
     std::vector<Lane> lanes = ParseLanes(text);
     std::vector<std::string> parts;

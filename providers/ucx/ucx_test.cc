@@ -46,6 +46,7 @@ TEST(UcxOptions, RejectsUnknownTransportsAndOptions) {
   ExpectInvalid("ucx:posix?UCX_POSIX_FIFO_SIZE=128", "UCX_MM_FIFO_SIZE");
   ExpectInvalid("ucx:tcp?fallback=maybe", "fallback=maybe");
   ExpectInvalid("ucx:tcp?speed=fast", "unknown ucx option 'speed'");
+  ExpectInvalid("ucx:tcp?threads=single", "threads=single is not multi or serialized");
 }
 
 TEST(UcxOptions, PassesUcxVariablesToTheContext) {
@@ -70,6 +71,13 @@ TEST(UcxCaps, SaysWhatIsNative) {
   auto off = Fabric::Open("ucx:posix,cma?native_rma=off");
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ((*off)->caps().atomics_allocated, Support::kEmulated);
+  EXPECT_TRUE((*off)->caps().thread_safe);
+  auto one = Fabric::Open("ucx:posix,cma?threads=serialized");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE((*one)->caps().thread_safe);
+  EXPECT_TRUE(absl::StrContains(Notes((*one)->caps().notes), "threads=serialized"))
+      << Notes((*one)->caps().notes);
+  EXPECT_TRUE(Fabric::Open("ucx:tcp?threads=multi").ok());
 }
 
 // Runs `child` in a forked process (which must open its own fabric) and
@@ -477,9 +485,16 @@ TEST_P(UcxFlow, ControlMessagesReachAnEndpointAmongMany) {
   EXPECT_EQ(back, out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxFlow, ::testing::Values("ucx:tcp", "ucx:posix,cma"),
+// Also without the worker lock (threads=serialized): each fabric of a
+// pair is called from one thread at a time here.
+INSTANTIATE_TEST_SUITE_P(Transports, UcxFlow,
+                         ::testing::Values("ucx:tcp", "ucx:posix,cma", "ucx:tcp?threads=serialized",
+                                           "ucx:posix,cma?threads=serialized"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
-                           return std::string(info.param == "ucx:tcp" ? "tcp" : "posix_cma");
+                           std::string name =
+                               absl::StartsWith(info.param, "ucx:tcp") ? "tcp" : "posix_cma";
+                           if (absl::StrContains(info.param, "serialized")) name += "_serialized";
+                           return name;
                          });
 
 TEST(UcxFlowOptions, ABadWindowIsRefusedWithTheRange) {
