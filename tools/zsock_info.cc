@@ -43,10 +43,11 @@ void PrintCaps(const std::string& config) {
     std::printf("      rdma read/write of allocated memory %s\n",
                 std::string(SupportName(c.rma_allocated)).c_str());
   }
-  std::printf("      max-msg %zu  max-rma %zu  inline %zu  inject %zu  registration %s  peers %s  wait-fd %s\n",
+  std::printf("      max-msg %zu  max-rma %zu  inline %zu  inject %zu  registration %s  peers %s  wait-fd %s  threads %s\n",
               c.max_msg_size, c.max_rma_size, c.inline_size, c.inject_size,
               c.registration_required ? "required" : "optional",
-              c.peer_on_host ? "same host" : "remote", c.wait_fd ? "yes" : "no");
+              c.peer_on_host ? "same host" : "remote", c.wait_fd ? "yes" : "no",
+              c.thread_safe ? "any" : "one at a time");
   for (const auto& n : c.notes) std::printf("      note: %s\n", n.c_str());
 }
 
