@@ -909,8 +909,8 @@ class Worker {
     WorkerLock lock(&mu);
     for (Op* op : busy_) delete op;
     busy_.clear();
-    for (Op* op : free_ops_) delete op;
-    free_ops_.clear();
+    for (size_t i = 0; i < nfree_; ++i) delete free_ops_[i];
+    nfree_ = 0;
     ForkGuard::Get().Remove();
   }
 
@@ -1006,9 +1006,8 @@ class Worker {
   // is freed: a receive that finishes is freed between the message's
   // arrival and the caller's reply, and the next post has no such hurry.
   Op* NewOpLocked(Op::Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (free_ops_.empty()) return new Op{kind};
-    Op* op = free_ops_.back();
-    free_ops_.pop_back();
+    if (nfree_ == 0) return new Op{kind};
+    Op* op = free_ops_[--nfree_];
     if (op->used) {
       op->Recycle();
       op->used = false;
@@ -1016,17 +1015,23 @@ class Worker {
     op->kind = kind;
     return op;
   }
+  [[gnu::noinline]] static void DropShared(Op* op) {
+    op->keep.reset();
+    op->control_in.reset();
+  }
+  [[gnu::noinline]] static void DeleteOp(Op* op) { delete op; }
   void FreeOpLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (free_ops_.size() >= kMaxFreeOps) {
-      delete op;
+    // (The cold paths are calls: inline, an Op's destructor gave this,
+    // called for every finished receive, a frame of five saved registers.)
+    if (nfree_ == kMaxFreeOps) {
+      DeleteOp(op);
       return;
     }
     // What it shares goes now (an endpoint's core must not outlive its
-    // last user in a free list).
-    if (op->keep != nullptr) op->keep.reset();
-    if (op->control_in != nullptr) op->control_in.reset();
+    // last user in a free list); a user receive shares nothing.
+    if (op->keep != nullptr || op->control_in != nullptr) DropShared(op);
     op->used = true;
-    free_ops_.push_back(op);
+    free_ops_[nfree_++] = op;
   }
 
   // A user send UCX finished inside ucp_tag_send_nbx (small messages over
@@ -1054,12 +1059,16 @@ class Worker {
   void RecycleUnusedOpLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     op->completed = false;
     op->ucx_status = UCS_OK;
-    free_ops_.push_back(op);
+    if (nfree_ == kMaxFreeOps) {
+      DeleteOp(op);
+      return;
+    }
+    free_ops_[nfree_++] = op;
   }
 
   // Flow control: `c` has a report to send or held sends the window may
-  // now let go; done by FlowLocked at the end of the next progress (or of
-  // PostRecv), never from inside a UCX callback.
+  // now let go; done by FlowLocked at the start of the next progress (or at
+  // the end of a PostRecv), never from inside a UCX callback.
   void QueueFlowLocked(EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   size_t FlowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -1111,7 +1120,10 @@ class Worker {
   // failed (a dead or closed endpoint) that UCX has not finished.
   std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);
   static constexpr size_t kMaxFreeOps = 64;
-  std::vector<Op*> free_ops_ ABSL_GUARDED_BY(mu);
+  // A fixed array, not a vector: a vector's growth path, inlined, gave
+  // FreeOpLocked a frame of five saved registers.
+  std::array<Op*, kMaxFreeOps> free_ops_ ABSL_GUARDED_BY(mu){};
+  size_t nfree_ ABSL_GUARDED_BY(mu) = 0;
   std::vector<std::pair<UcxCq*, Completion>> inline_done_ ABSL_GUARDED_BY(mu);
   std::vector<std::shared_ptr<EpCore>> flow_due_ ABSL_GUARDED_BY(mu);  // QueueFlowLocked
 };
@@ -1655,8 +1667,9 @@ void Worker::ReceiveProbedLocked(Op* op, ucp_tag_message_h msg, void* buf, size_
 }
 
 // Finishes an operation UCX completed (op->completed), after its
-// ucp_*_nbx call returned.
-void SettleLocked(Op* op) {
+// ucp_*_nbx call returned. Out of line: OnRecv's direct path (a
+// ping-pong's every receive) must not carry its frame.
+[[gnu::noinline]] void SettleLocked(Op* op) {
   EpCore* c = op->core;
   const ucs_status_t st = op->ucx_status;
   if (op->reported) {  // an orphan: its completion went out already
@@ -1728,9 +1741,14 @@ bool ReportRecvDirectLocked(Op* op, const ucp_tag_recv_info_t& info) {
   if (op->kind != Op::Kind::kUserRecv || op->reported) return false;
   EpCore* c = op->core;
   if (c == nullptr || c->ep == nullptr || c->cq == nullptr || c->recvs.empty() ||
-      c->recvs.front() != op || (c->recvs.size() > 1 && c->recvs[1]->done) ||
-      c->worker->HasInlineLocked()) {
-    return false;  // (a later receive that finished first is flushed with it)
+      c->recvs.front() != op || c->worker->HasInlineLocked()) {
+    return false;
+  }
+  // A later receive that finished first is flushed with this one. (An
+  // iterator step, not size() and an index: a deque's are a dozen
+  // instructions each, on a ping-pong's every receive.)
+  if (auto next = std::next(c->recvs.begin()); next != c->recvs.end() && (*next)->done) {
+    return false;
   }
   Completion* slot = c->cq->DirectSlot();
   if (slot == nullptr) return false;
@@ -1815,16 +1833,26 @@ absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> m
 // common case, a message on the transport's eager-short path while
 // nothing is queued), else from a copy (SendCopyLocked). UCP keeps the
 // endpoint's sends in order either way.
+[[gnu::noinline]] absl::Status SendNowSlowLocked(EpCore* c, Op::Kind kind,
+                                                 std::span<const uint8_t> msg,
+                                                 absl::string_view what, void* req);
+
 absl::Status SendNowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
                            absl::string_view what) {
   const bool user = kind == Op::Kind::kInjectSend;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
   void* req = ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &p);
-  if (req == nullptr) {
-    if (user) c->flow.Posted();
-    return absl::OkStatus();
-  }
+  if (req != nullptr) return SendNowSlowLocked(c, kind, msg, what, req);
+  if (user) c->flow.Posted();
+  return absl::OkStatus();
+}
+
+// What UCX did not finish inside the call: a request (the flag ignored) or
+// no room now (a copy goes instead).
+absl::Status SendNowSlowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
+                               absl::string_view what, void* req) {
+  const bool user = kind == Op::Kind::kInjectSend;
   if (!UCS_PTR_IS_ERR(req)) {
     if (user) c->flow.Posted();  // given to UCX, whatever becomes of it
     // UCX ignored the flag (1.13 does not): the buffer is still UCX's, so
@@ -1887,7 +1915,7 @@ size_t ReleaseHeldLocked(EpCore* c) {
   return n;
 }
 
-void Worker::QueueFlowLocked(EpCore* c) {
+[[gnu::noinline]] void Worker::QueueFlowLocked(EpCore* c) {
   if (c->flow_queued) return;
   c->flow_queued = true;
   flow_due_.push_back(c->shared_from_this());
@@ -2187,6 +2215,22 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxFabric::AllocateRegistered(size
 
 // ---------------------------------------------------------------- endpoint
 
+// Send's refusal of a message too long for it. Out of line, as every cold
+// path of a call made per message: the strings it builds would otherwise
+// give the call a stack frame (and its canary) on every message.
+[[gnu::noinline, gnu::cold]] absl::Status SendTooLongError(size_t len) {
+  if (len > kMaxMessage) {
+    return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                     absl::StrCat("message of ", len, " bytes exceeds ucx's maximum of ",
+                                  kMaxMessage),
+                     "split the message");
+  }
+  return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
+                   absl::StrCat("an injected send of ", len, " bytes exceeds ucx's inject_size ",
+                                kInjectSize),
+                   "inject at most caps().inject_size bytes, or send with a context");
+}
+
 class UcxEndpoint final : public Endpoint {
  public:
   UcxEndpoint(UcxFabric* fabric, UcxCq* cq, std::shared_ptr<EpCore> core, Fd sock,
@@ -2214,17 +2258,8 @@ class UcxEndpoint final : public Endpoint {
   const EndpointInfo& info() const override { return info_; }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion*, uint64_t context) override {
-    if (len > kMaxMessage) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
-                       absl::StrCat("message of ", len, " bytes exceeds ucx's maximum of ",
-                                    kMaxMessage),
-                       "split the message");
-    }
-    if (context == kInjectContext && len > kInjectSize) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
-                       absl::StrCat("an injected send of ", len,
-                                    " bytes exceeds ucx's inject_size ", kInjectSize),
-                       "inject at most caps().inject_size bytes, or send with a context");
+    if (len > kMaxMessage || (context == kInjectContext && len > kInjectSize)) {
+      return SendTooLongError(len);  // (an injected send's limit, if not the other)
     }
     EpCore* c = core_.get();
     Worker* w = c->worker;
