@@ -730,7 +730,7 @@ struct Op {
   bool used = false;           // in Worker's free list, not yet Recycle()d
 
   // Back to the state of a new Op of the same kind, for Worker's free list
-  // (user sends and receives). Field by field: `*this = Op{kind}` built,
+  // (user sends and receives, control receives). Field by field: `*this = Op{kind}` built,
   // moved and destroyed a whole Op, a tenth of a 64-byte ping-pong's
   // one-way time over shared memory.
   void Recycle() {
@@ -839,11 +839,10 @@ bool ProgressUntil(ucp_worker_h worker, absl::FunctionRef<bool()> done, absl::Du
 
 // The worker's lock. With threads=serialized (Settings::serialized) the
 // application calls into the fabric from one thread at a time, as UCX's
-// UCS_THREAD_MODE_SERIALIZED asks, and the lock is not taken: a lock and
-// an unlock cost about 10 ns here, and a ping-pong's every turn takes two
-// (the poll that finds the message, the send of the reply), which is what
-// ucx_perftest's -M multi costs over its default -M single. A CondVar
-// never waits on it.
+// UCS_THREAD_MODE_SERIALIZED asks, and the lock is not taken (a lock and
+// an unlock cost about 10 ns here, one pair per call: 64-byte streams ran
+// 19-45% faster without, ping-pong latency did not change; docs/ucx.md,
+// "Thread modes"). A CondVar never waits on it.
 class ABSL_LOCKABLE WorkerMutex {
  public:
   explicit WorkerMutex(bool serialized) : serialized_(serialized) {}
@@ -1104,7 +1103,7 @@ class Worker {
   size_t ReportInlineSlowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Fails the endpoints UCX's error handler reported (out of the busy
   // poll's line: its message building is most of a progress call's code).
-  __attribute__((noinline)) size_t FailReportedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  [[gnu::noinline]] size_t FailReportedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   std::shared_ptr<Context> ctx_;
   ucp_worker_h worker_;
@@ -1827,18 +1826,21 @@ absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> m
   return absl::OkStatus();
 }
 
+[[gnu::noinline]] absl::Status SendNowSlowLocked(EpCore* c, Op::Kind kind,
+                                                 std::span<const uint8_t> msg,
+                                                 absl::string_view what, void* req);
+
 // Sends `msg` without a completion (an injected send, or a control
 // message such as a flow report) from the caller's buffer when UCX
 // finishes it inside the call (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: the
 // common case, a message on the transport's eager-short path while
 // nothing is queued), else from a copy (SendCopyLocked). UCP keeps the
-// endpoint's sends in order either way.
-[[gnu::noinline]] absl::Status SendNowSlowLocked(EpCore* c, Op::Kind kind,
-                                                 std::span<const uint8_t> msg,
-                                                 absl::string_view what, void* req);
-
+// endpoint's sends in order either way. A control message longer than
+// inject_size (an emulated RMA's data) goes from a copy at once: UCX
+// would not finish it in the call.
 absl::Status SendNowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
                            absl::string_view what) {
+  if (msg.size() > kInjectSize) return SendCopyLocked(c, kind, msg, what);
   const bool user = kind == Op::Kind::kInjectSend;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
