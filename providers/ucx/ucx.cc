@@ -966,8 +966,9 @@ class Worker {
 
   // Drives UCX and receives control messages; handles endpoints UCX
   // reported failed. Returns the events handled.
-  // `now` is the coarse clock (CoarseNowNs), read once per CQ progress.
-  size_t ProgressLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // `now` is the coarse clock (CoarseNowNs) as the CQ's Progress last read
+  // it (every few polls). Inlined into that Progress: the busy poll's path.
+  [[gnu::always_inline]] inline size_t ProgressLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   enum class Arm {
     kArmed,     // asleep on the wakeup fd until an event
     kPending,   // events are pending: progress now
@@ -1180,9 +1181,14 @@ class UcxCq final : public CompletionQueue {
  protected:
   size_t Progress() override;
   bool ArmProvider() override;
+  // Progress's cold parts: a second worker (the tcp fallback), the sockets
+  // and the endpoints' service.
+  [[gnu::noinline]] size_t ProgressOtherLocked(Worker* w, int64_t now);
+  [[gnu::noinline]] size_t LookAtSocketsAndEndpoints(int64_t now);
   void ClearWakeup() override {
     armed_.store(false, std::memory_order_seq_cst);
     check_socks_.store(true, std::memory_order_relaxed);
+    polls_.store(0, std::memory_order_relaxed);  // a fresh clock for the wakeup's poll
     Drain();
   }
   void UnmuteAll() {
@@ -1226,6 +1232,9 @@ class UcxCq final : public CompletionQueue {
   std::atomic<bool> check_socks_{true};  // look at the sockets in the next Progress
   std::atomic<bool> service_pending_{true};  // NoteService
   std::atomic<int64_t> last_sock_check_{0};
+  static constexpr uint32_t kClockPolls = 8;
+  std::atomic<uint32_t> polls_{0};    // Progress calls (Progress: the clock's reads)
+  std::atomic<int64_t> now_ns_{0};    // the coarse clock when last read
   Mutex mu_;
   std::vector<UcxEndpoint*> endpoints_ ABSL_GUARDED_BY(mu_);
 };
@@ -1842,9 +1851,14 @@ absl::Status SendNowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> ms
                            absl::string_view what) {
   if (msg.size() > kInjectSize) return SendCopyLocked(c, kind, msg, what);
   const bool user = kind == Op::Kind::kInjectSend;
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
-  void* req = ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &p);
+  // Built once: UCX reads only the fields op_attr_mask names, and zeroing
+  // the whole struct on every send was a dozen stores on the reply's path.
+  static constexpr ucp_request_param_t kImmediate = [] {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+    return p;
+  }();
+  void* req = ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &kImmediate);
   if (req != nullptr) return SendNowSlowLocked(c, kind, msg, what, req);
   if (user) c->flow.Posted();
   return absl::OkStatus();
@@ -1996,7 +2010,9 @@ class UcxFabric final : public Fabric {
     ForEachLiveWorker([&out](Worker* w) { out.push_back(w); });
     return out;
   }
-  // The same without building a vector (the busy poll's path).
+  Worker* primary() const { return primary_.load(std::memory_order_acquire); }
+  Worker* fallback() const { return fallback_.load(std::memory_order_acquire); }
+  // The same without building a vector.
   template <typename F>
   void ForEachLiveWorker(F f) const {
     Worker* primary = primary_.load(std::memory_order_acquire);
@@ -2259,16 +2275,27 @@ class UcxEndpoint final : public Endpoint {
 
   const EndpointInfo& info() const override { return info_; }
 
-  absl::Status Send(const void* buf, size_t len, MemoryRegion*, uint64_t context) override {
-    if (len > kMaxMessage || (context == kInjectContext && len > kInjectSize)) {
-      return SendTooLongError(len);  // (an injected send's limit, if not the other)
-    }
+  absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override {
+    if (context != kInjectContext) return SendTracked(buf, len, mr, context);
+    // An injected send, a ping-pong's reply: this path only, in a frame
+    // of its own (the tracked send's, inlined, cost this one a dozen
+    // saved registers and stack slots).
+    if (len > kInjectSize) return SendTooLongError(len);
+    EpCore* c = core_.get();
+    WorkerLock lock(&c->worker->mu);
+    if (c->closed || c->dead) [[unlikely]] return c->closed ? ClosedError() : c->dead_status;
+    return InjectLocked(c, buf, len);
+  }
+
+  // A send that reports its completion.
+  [[gnu::noinline]] absl::Status SendTracked(const void* buf, size_t len, MemoryRegion*,
+                                             uint64_t context) {
+    if (len > kMaxMessage) return SendTooLongError(len);
     EpCore* c = core_.get();
     Worker* w = c->worker;
     WorkerLock lock(&w->mu);
     if (c->closed) return ClosedError();
     if (c->dead) return c->dead_status;
-    if (context == kInjectContext) return InjectLocked(c, buf, len);
     if (c->MustHold()) {
       // Beyond the window: handed to UCX when the peer reports (FlowLocked).
       auto* op = w->NewOpLocked(Op::Kind::kUserSend);
@@ -2656,37 +2683,73 @@ size_t UcxCq::Progress() {
   t_progressing = this;
   // A plain load first: a busy poll costs no locked store here.
   if (pushed_.load(std::memory_order_relaxed)) pushed_.store(false, std::memory_order_seq_cst);
+  // The coarse clock is read on every kClockPolls-th progress and kept
+  // between: what it times (the sockets' look below, the workers'
+  // control probe) is due every millisecond or so and may come a few
+  // polls late, while a busy poll's every instruction delays the moment
+  // it sees a reply. (Plain loads and stores: a poll racing another on
+  // this CQ may read the clock once more or less.)
+  const uint32_t k = polls_.load(std::memory_order_relaxed);
+  polls_.store(k + 1, std::memory_order_relaxed);
+  int64_t now;
+  if (k % kClockPolls == 0) {
+    now = CoarseNowNs();
+    now_ns_.store(now, std::memory_order_relaxed);
+  } else {
+    now = now_ns_.load(std::memory_order_relaxed);
+  }
+  // The busy poll's path is this function, the worker's ProgressLocked and
+  // ucp_worker_progress: no closure, no call for the primary worker, and
+  // the rarely needed socket and endpoint service out of line (a reply is
+  // detected one idle poll sooner the shorter the poll is).
   size_t n = 0;
-  const int64_t now = CoarseNowNs();
-  fabric_->ForEachLiveWorker([&n, now](Worker* w) {
-    WorkerLock lock(&w->mu);
-    n += w->ProgressLocked(now);
-  });
+  Worker* primary = fabric_->primary();
+  if (primary != nullptr) {
+    WorkerLock lock(&primary->mu);
+    n = primary->ProgressLocked(now);
+  }
+  if (Worker* w = fabric_->fallback(); w != nullptr && w != primary) [[unlikely]] {
+    n += ProgressOtherLocked(w, now);
+  }
   // The connection sockets only signal a peer's end, and looking at them
   // costs a system call: a busy poller (ping-pong) looks once per tick of
   // the coarse clock (a few ms; reading it costs no system call), a waiter
   // after every wakeup (ClearWakeup, ArmProvider). The endpoints are
   // serviced then too, and whenever one noted work (NoteService).
+  if (check_socks_.load(std::memory_order_relaxed) ||
+      service_pending_.load(std::memory_order_relaxed) ||
+      now - last_sock_check_.load(std::memory_order_relaxed) >= kSocketCheckNs) [[unlikely]] {
+    n += LookAtSocketsAndEndpoints(now);
+  }
+  if (n > 0) backoff_ns_.store(kMinBackoffNs, std::memory_order_relaxed);
+  t_progressing = outer;
+  return n;
+}
+
+size_t UcxCq::ProgressOtherLocked(Worker* w, int64_t now) {
+  WorkerLock lock(&w->mu);
+  return w->ProgressLocked(now);
+}
+
+size_t UcxCq::LookAtSocketsAndEndpoints(int64_t now) {
+  size_t n = 0;
   const bool socks = (check_socks_.load(std::memory_order_relaxed) &&
                       check_socks_.exchange(false, std::memory_order_relaxed)) ||
                      now - last_sock_check_.load(std::memory_order_relaxed) >= kSocketCheckNs;
   const bool service = service_pending_.load(std::memory_order_acquire) &&
                        service_pending_.exchange(false, std::memory_order_acq_rel);
-  if (socks || service) {
-    MutexLock lock(&mu_);
-    if (socks) {
-      last_sock_check_.store(now, std::memory_order_relaxed);
-      epoll_event evs[64];
-      int k = ::epoll_wait(socks_.get(), evs, 64, 0);
-      for (int i = 0; i < k; ++i) {
-        static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
-        ++n;
-      }
+  if (!socks && !service) return 0;
+  MutexLock lock(&mu_);
+  if (socks) {
+    last_sock_check_.store(now, std::memory_order_relaxed);
+    epoll_event evs[64];
+    int k = ::epoll_wait(socks_.get(), evs, 64, 0);
+    for (int i = 0; i < k; ++i) {
+      static_cast<UcxEndpoint*>(evs[i].data.ptr)->OnSocketEvent();
+      ++n;
     }
-    for (UcxEndpoint* ep : endpoints_) n += ep->Service();
   }
-  if (n > 0) backoff_ns_.store(kMinBackoffNs, std::memory_order_relaxed);
-  t_progressing = outer;
+  for (UcxEndpoint* ep : endpoints_) n += ep->Service();
   return n;
 }
 
