@@ -1835,6 +1835,16 @@ absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> m
   return absl::OkStatus();
 }
 
+// The parameters of a send UCX must finish inside its call
+// (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL), built once: UCX reads only the fields
+// op_attr_mask names, and zeroing the whole struct on every send was a
+// dozen stores on a ping-pong reply's path.
+constexpr ucp_request_param_t kImmediateParam = [] {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+  return p;
+}();
+
 [[gnu::noinline]] absl::Status SendNowSlowLocked(EpCore* c, Op::Kind kind,
                                                  std::span<const uint8_t> msg,
                                                  absl::string_view what, void* req);
@@ -1851,14 +1861,8 @@ absl::Status SendNowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> ms
                            absl::string_view what) {
   if (msg.size() > kInjectSize) return SendCopyLocked(c, kind, msg, what);
   const bool user = kind == Op::Kind::kInjectSend;
-  // Built once: UCX reads only the fields op_attr_mask names, and zeroing
-  // the whole struct on every send was a dozen stores on the reply's path.
-  static constexpr ucp_request_param_t kImmediate = [] {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
-    return p;
-  }();
-  void* req = ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &kImmediate);
+  void* req =
+      ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &kImmediateParam);
   if (req != nullptr) return SendNowSlowLocked(c, kind, msg, what, req);
   if (user) c->flow.Posted();
   return absl::OkStatus();
@@ -2390,22 +2394,33 @@ class UcxEndpoint final : public Endpoint {
   }
 
   // An injected send (Capabilities::inject_size): no completion is
-  // reported; SendNowLocked sends it from the caller's buffer or a copy.
+  // reported; it goes from the caller's buffer when UCX finishes it inside
+  // the call, else from a copy (SendNowSlowLocked), as SendNowLocked does.
   absl::Status InjectLocked(EpCore* c, const void* buf, size_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
-    if (c->MustHold()) {
-      // Beyond the window: a copy waits (FlowLocked sends it).
-      auto* op = new Op{Op::Kind::kInjectSend};
-      op->core = c;
-      op->keep = core_;
-      op->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
-      c->others.insert(op);
-      HoldLocked(c, op);
-      return absl::OkStatus();
+    if (c->MustHold()) [[unlikely]] return HoldInjectedLocked(c, buf, len);
+    // SendNowLocked's path written out: a ping-pong's reply takes no
+    // further call before UCX's.
+    void* req = ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &kImmediateParam);
+    if (req != nullptr) [[unlikely]] {
+      return SendNowSlowLocked(c, Op::Kind::kInjectSend,
+                               std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
+                               "ucx injected send failed", req);
     }
-    return SendNowLocked(c, Op::Kind::kInjectSend,
-                         std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
-                         "ucx injected send failed");
+    c->flow.Posted();
+    return absl::OkStatus();
+  }
+
+  // Beyond the window: a copy waits (FlowLocked sends it).
+  [[gnu::noinline]] absl::Status HoldInjectedLocked(EpCore* c, const void* buf, size_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
+    auto* op = new Op{Op::Kind::kInjectSend};
+    op->core = c;
+    op->keep = core_;
+    op->owned.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + len);
+    c->others.insert(op);
+    HoldLocked(c, op);
+    return absl::OkStatus();
   }
 
   absl::Status SendControl(std::span<const uint8_t> msg) override {
