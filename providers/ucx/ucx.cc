@@ -643,6 +643,11 @@ class Context {
                                    "permission"));
     }
     auto ctx = std::unique_ptr<Context>(new Context(handle, rma));
+    // The size of UCX's request, for receives that bring their own
+    // (Worker::TakeRequestLocked); 0 (UCX allocates them) if not told.
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_REQUEST_SIZE;
+    if (ucp_context_query(handle, &attr) == UCS_OK) ctx->request_size_ = attr.request_size;
     // What UCX actually opened: "resource N : md M dev D flags -- tl/dev".
     std::string info = CaptureOutput([handle](FILE* f) { ucp_context_print_info(handle, f); });
     for (absl::string_view line : absl::StrSplit(info, '\n')) {
@@ -664,6 +669,7 @@ class Context {
 
   ucp_context_h handle() const { return handle_; }
   bool rma() const { return rma_; }
+  size_t request_size() const { return request_size_; }
   const std::vector<std::string>& resources() const { return resources_; }
   const std::vector<std::string>& transports() const { return transports_; }
 
@@ -671,6 +677,7 @@ class Context {
   Context(ucp_context_h h, bool rma) : handle_(h), rma_(rma) {}
   ucp_context_h handle_;
   bool rma_;
+  size_t request_size_ = 0;
   std::vector<std::string> resources_;   // "posix/memory", "tcp/lo", ...
   std::vector<std::string> transports_;  // "posix", "cma", "tcp"
 };
@@ -712,6 +719,10 @@ struct Op {
   uint64_t context = 0;
   size_t length = 0;
   void* request = nullptr;
+  // A user receive's request memory, from this worker's pool
+  // (Worker::TakeRequestLocked), until its callback.
+  void* own_request = nullptr;
+  Worker* request_pool = nullptr;
   bool ucx_busy = false;   // UCX still owns `request`
   bool posting = false;    // inside the ucp_*_nbx call that started it
   bool completed = false;  // UCX reported completion (ucx_status, info)
@@ -741,6 +752,8 @@ struct Op {
     context = 0;
     length = 0;
     request = nullptr;
+    own_request = nullptr;
+    request_pool = nullptr;
     ucx_busy = posting = completed = done = reported = false;
     ucx_status = UCS_OK;
     if (!status.ok()) status = absl::OkStatus();
@@ -1043,6 +1056,21 @@ class Worker {
   // Wakes the CQ's sleeper: its ArmLocked, under this mutex, either saw
   // the entry or set armed_ before we look.
   void DeferInlineLocked(UcxCq* cq, Completion c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Request memory for user receives (UCP_OP_ATTR_FIELD_REQUEST): a
+  // receive that brings its own costs UCX no allocation when posted and
+  // the callback no ucp_request_free, on a ping-pong's every message. A
+  // block goes back to the pool in the receive's callback, and the pool
+  // frees its blocks only with the worker: UCX reads a request's flags
+  // after its callback returns. Null when UCX did not tell its request
+  // size (then UCX allocates, as for every other operation).
+  void* TakeRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (free_requests_.empty()) return NewRequestLocked();
+    void* r = free_requests_.back();
+    free_requests_.pop_back();
+    return r;
+  }
+  void GiveRequestLocked(void* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { free_requests_.push_back(r); }
   // Reports the deferred completions, oldest first. Every other report
   // calls it first (ReportLocked), so an endpoint's sends stay in order.
   // Inline: every progress calls it, and the queue is usually empty.
@@ -1122,6 +1150,18 @@ class Worker {
   static constexpr size_t kMaxFreeOps = 64;
   // A fixed array, not a vector: a vector's growth path, inlined, gave
   // FreeOpLocked a frame of five saved registers.
+  [[gnu::noinline]] void* NewRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const size_t size = ctx_->request_size();
+    if (size == 0) return nullptr;
+    // UCX's request sits right before the pointer it is given.
+    request_blocks_.emplace_back(new (std::align_val_t{64}) std::byte[size]());
+    return request_blocks_.back().get() + size;
+  }
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::vector<std::unique_ptr<std::byte[], AlignedDelete>> request_blocks_ ABSL_GUARDED_BY(mu);
+  std::vector<void*> free_requests_ ABSL_GUARDED_BY(mu);
   std::array<Op*, kMaxFreeOps> free_ops_ ABSL_GUARDED_BY(mu){};
   size_t nfree_ ABSL_GUARDED_BY(mu) = 0;
   std::vector<std::pair<UcxCq*, Completion>> inline_done_ ABSL_GUARDED_BY(mu);
@@ -1784,7 +1824,12 @@ void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
             void* user_data) {
   auto* op = static_cast<Op*>(user_data);
   op->ucx_busy = false;
-  ucp_request_free(request);
+  if (op->own_request != nullptr) {
+    op->request_pool->GiveRequestLocked(op->own_request);
+    op->own_request = nullptr;
+  } else {
+    ucp_request_free(request);
+  }
   if (status == UCS_OK && info != nullptr && !op->posting && ReportRecvDirectLocked(op, *info)) {
     return;
   }
@@ -2370,10 +2415,21 @@ class UcxEndpoint final : public Endpoint {
                      UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     p.cb.recv = OnRecv;
     p.user_data = op;
+    if (void* r = w->TakeRequestLocked(); r != nullptr) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_REQUEST;
+      p.request = r;
+      op->own_request = r;
+      op->request_pool = w;
+    }
     c->recvs.push_back(op);
     ucs_status_t st = Submit(op, [&] {
       return ucp_tag_recv_nbx(w->handle(), buf, len, c->RecvTag(false), kFullMask, &p);
     });
+    if (op->own_request != nullptr && st != UCS_OK) {
+      // Refused in the call (no callback follows): the memory is ours.
+      w->GiveRequestLocked(op->own_request);
+      op->own_request = nullptr;
+    }
     if (st == UCS_ERR_MESSAGE_TRUNCATED) {
       op->completed = true;
       op->ucx_status = st;
