@@ -19,12 +19,16 @@
 #         worker lock, as ucx_perftest's default thread mode (-M single)
 #   zsock ucx:posix,cma (row ucx:posix-mt) vs ucx_perftest -M multi: both
 #         thread-safe (docs/ucx.md, "Thread modes")
+#   zsock ucx:tcp (row ucx:tcp-err) vs ucx_perftest -e: both with
+#         endpoints that handle peer failure (UCP_ERR_HANDLING_MODE_PEER,
+#         which zsock always asks for; UCX's large messages over tcp take
+#         another protocol with it; docs/ucx.md, "Numbers")
 #
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1]
 #                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,
-#                                              ucx:posix-ser,ucx:posix-mt]
+#                                              ucx:posix-ser,ucx:posix-mt,ucx:tcp-err]
 #                                   (also ofi:tcp-nowait)
 #                                   [--repeat=5] [--level=provider|sdp]
 #
@@ -77,7 +81,7 @@ cd "$(dirname "$0")/.."
 sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
-configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,ucx:posix-ser,ucx:posix-mt
+configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,ucx:posix-ser,ucx:posix-mt,ucx:tcp-err
 repeat=5
 level=provider
 for arg in "$@"; do
@@ -273,6 +277,7 @@ for cfg in "${cfgs[@]}"; do
     ucx:posix) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma ;;
     ucx:posix-ser) zs="ucx:posix,cma?threads=serialized"; peer=ucx_perftest; tls=posix,cma ;;
     ucx:posix-mt) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma; ptextra=(-M multi) ;;
+    ucx:tcp-err) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp; ptextra=(-e) ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
   esac
   # Interleaved: each round runs zsock once and then the peer at every
