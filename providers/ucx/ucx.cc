@@ -1060,10 +1060,11 @@ class Worker {
   // Request memory for user receives (UCP_OP_ATTR_FIELD_REQUEST): a
   // receive that brings its own costs UCX no allocation when posted and
   // the callback no ucp_request_free, on a ping-pong's every message. A
-  // block goes back to the pool in the receive's callback, and the pool
-  // frees its blocks only with the worker: UCX reads a request's flags
-  // after its callback returns. Null when UCX did not tell its request
-  // size (then UCX allocates, as for every other operation).
+  // block goes back to the pool in the receive's callback (only a later
+  // post takes it again), and the pool frees its blocks only with the
+  // worker: UCX still sets and reads a request's flags after its callback
+  // returns. Null when UCX did not tell its request size (then UCX
+  // allocates, as for every other operation).
   void* TakeRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (free_requests_.empty()) return NewRequestLocked();
     void* r = free_requests_.back();
@@ -1147,9 +1148,7 @@ class Worker {
   // holds: control receives, discards, and operations already reported
   // failed (a dead or closed endpoint) that UCX has not finished.
   std::unordered_set<Op*> busy_ ABSL_GUARDED_BY(mu);
-  static constexpr size_t kMaxFreeOps = 64;
-  // A fixed array, not a vector: a vector's growth path, inlined, gave
-  // FreeOpLocked a frame of five saved registers.
+  // TakeRequestLocked's pool.
   [[gnu::noinline]] void* NewRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const size_t size = ctx_->request_size();
     if (size == 0) return nullptr;
@@ -1162,6 +1161,9 @@ class Worker {
   };
   std::vector<std::unique_ptr<std::byte[], AlignedDelete>> request_blocks_ ABSL_GUARDED_BY(mu);
   std::vector<void*> free_requests_ ABSL_GUARDED_BY(mu);
+  static constexpr size_t kMaxFreeOps = 64;
+  // A fixed array, not a vector: a vector's growth path, inlined, gave
+  // FreeOpLocked a frame of five saved registers.
   std::array<Op*, kMaxFreeOps> free_ops_ ABSL_GUARDED_BY(mu){};
   size_t nfree_ ABSL_GUARDED_BY(mu) = 0;
   std::vector<std::pair<UcxCq*, Completion>> inline_done_ ABSL_GUARDED_BY(mu);
