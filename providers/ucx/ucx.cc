@@ -1858,8 +1858,9 @@ void NoteConsumedLocked(EpCore* c) {
 // Sends a copy of `msg` that reports no completion (kInjectSend on the
 // user tag, kControlSend on the control tag): the Op owns the bytes and
 // waits in EpCore::others until UCX finishes it.
-absl::Status SendCopyLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
-                            absl::string_view what) {
+[[gnu::noinline]] absl::Status SendCopyLocked(EpCore* c, Op::Kind kind,
+                                              std::span<const uint8_t> msg,
+                                              absl::string_view what) {
   auto* op = new Op{kind};
   op->core = c;
   op->keep = c->shared_from_this();
@@ -1903,14 +1904,16 @@ constexpr ucp_request_param_t kImmediateParam = [] {
 // nothing is queued), else from a copy (SendCopyLocked). UCP keeps the
 // endpoint's sends in order either way. A control message longer than
 // inject_size (an emulated RMA's data) goes from a copy at once: UCX
-// would not finish it in the call.
-absl::Status SendNowLocked(EpCore* c, Op::Kind kind, std::span<const uint8_t> msg,
-                           absl::string_view what) {
-  if (msg.size() > kInjectSize) return SendCopyLocked(c, kind, msg, what);
+// would not finish it in the call. Inlined: an injected send (a
+// ping-pong's reply) then makes no call of zsock's before UCX's.
+[[gnu::always_inline]] inline absl::Status SendNowLocked(EpCore* c, Op::Kind kind,
+                                                         std::span<const uint8_t> msg,
+                                                         absl::string_view what) {
+  if (msg.size() > kInjectSize) [[unlikely]] return SendCopyLocked(c, kind, msg, what);
   const bool user = kind == Op::Kind::kInjectSend;
   void* req =
       ucp_tag_send_nbx(c->uep, msg.data(), msg.size(), c->SendTag(!user), &kImmediateParam);
-  if (req != nullptr) return SendNowSlowLocked(c, kind, msg, what, req);
+  if (req != nullptr) [[unlikely]] return SendNowSlowLocked(c, kind, msg, what, req);
   if (user) c->flow.Posted();
   return absl::OkStatus();
 }
@@ -2452,21 +2455,13 @@ class UcxEndpoint final : public Endpoint {
   }
 
   // An injected send (Capabilities::inject_size): no completion is
-  // reported; it goes from the caller's buffer when UCX finishes it inside
-  // the call, else from a copy (SendNowSlowLocked), as SendNowLocked does.
+  // reported; SendNowLocked sends it from the caller's buffer or a copy.
   absl::Status InjectLocked(EpCore* c, const void* buf, size_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->worker->mu) {
     if (c->MustHold()) [[unlikely]] return HoldInjectedLocked(c, buf, len);
-    // SendNowLocked's path written out: a ping-pong's reply takes no
-    // further call before UCX's.
-    void* req = ucp_tag_send_nbx(c->uep, buf, len, c->SendTag(false), &kImmediateParam);
-    if (req != nullptr) [[unlikely]] {
-      return SendNowSlowLocked(c, Op::Kind::kInjectSend,
-                               std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
-                               "ucx injected send failed", req);
-    }
-    c->flow.Posted();
-    return absl::OkStatus();
+    return SendNowLocked(c, Op::Kind::kInjectSend,
+                         std::span<const uint8_t>(static_cast<const uint8_t*>(buf), len),
+                         "ucx injected send failed");
   }
 
   // Beyond the window: a copy waits (FlowLocked sends it).
