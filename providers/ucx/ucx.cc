@@ -719,10 +719,9 @@ struct Op {
   uint64_t context = 0;
   size_t length = 0;
   void* request = nullptr;
-  // A user receive's request memory, from this worker's pool
+  // A user receive's request memory, from its core's worker's pool
   // (Worker::TakeRequestLocked), until its callback.
   void* own_request = nullptr;
-  Worker* request_pool = nullptr;
   bool ucx_busy = false;   // UCX still owns `request`
   bool posting = false;    // inside the ucp_*_nbx call that started it
   bool completed = false;  // UCX reported completion (ucx_status, info)
@@ -753,7 +752,6 @@ struct Op {
     length = 0;
     request = nullptr;
     own_request = nullptr;
-    request_pool = nullptr;
     ucx_busy = posting = completed = done = reported = false;
     ucx_status = UCS_OK;
     if (!status.ok()) status = absl::OkStatus();
@@ -1827,7 +1825,7 @@ void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
   auto* op = static_cast<Op*>(user_data);
   op->ucx_busy = false;
   if (op->own_request != nullptr) {
-    op->request_pool->GiveRequestLocked(op->own_request);
+    op->core->worker->GiveRequestLocked(op->own_request);  // (an orphan keeps its core)
     op->own_request = nullptr;
   } else {
     ucp_request_free(request);
@@ -2069,9 +2067,9 @@ class UcxFabric final : public Fabric {
   // The same without building a vector.
   template <typename F>
   void ForEachLiveWorker(F f) const {
-    Worker* primary = primary_.load(std::memory_order_acquire);
-    if (primary != nullptr) f(primary);
-    if (Worker* w = fallback_.load(std::memory_order_acquire); w != nullptr && w != primary) f(w);
+    Worker* p = primary();
+    if (p != nullptr) f(p);
+    if (Worker* w = fallback(); w != nullptr && w != p) f(w);
   }
   void AddCq(UcxCq* cq) {
     MutexLock lock(&cq_mu_);
@@ -2424,7 +2422,6 @@ class UcxEndpoint final : public Endpoint {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_REQUEST;
       p.request = r;
       op->own_request = r;
-      op->request_pool = w;
     }
     c->recvs.push_back(op);
     ucs_status_t st = Submit(op, [&] {
