@@ -1,9 +1,14 @@
 #include "bench/clock.h"
 
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <vector>
 
+#include "bench/samples.h"
 #include "gtest/gtest.h"
 
 namespace zsock::bench {
@@ -29,6 +34,35 @@ TEST(BenchClock, NeverGoesBackwards) {
     ASSERT_GE(now, prev) << "at read " << i << ", " << ClockSource();
     prev = now;
   }
+}
+
+// How many of the pages under [p, p + bytes) are resident (mincore).
+size_t ResidentPages(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> in((end - begin) / page);
+  EXPECT_EQ(::mincore(reinterpret_cast<void*>(begin), end - begin, in.data()), 0);
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n;
+}
+
+// A million samples (8 MB: a fresh mapping, not heap reuse): reserve
+// alone leaves the pages unmapped, which a timed loop would fault in;
+// ReserveTouched leaves none to fault, and the vector empty.
+TEST(BenchSamples, ReserveTouchedMapsEveryPage) {
+  constexpr size_t kN = 1 << 20;
+  std::vector<double> plain;
+  plain.reserve(kN);
+  const size_t pages = (kN * sizeof(double)) / static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_LT(ResidentPages(plain.data(), kN * sizeof(double)), pages / 2)
+      << "reserve mapped the pages itself: the check below proves nothing";
+  std::vector<double> v;
+  ReserveTouched(&v, kN);
+  EXPECT_TRUE(v.empty());
+  ASSERT_GE(v.capacity(), kN);
+  EXPECT_GE(ResidentPages(v.data(), kN * sizeof(double)), pages);
 }
 
 }  // namespace

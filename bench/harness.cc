@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/clock.h"
+#include "bench/samples.h"
 #include "core/config.h"
 #include "core/provider.h"
 #include "core/status.h"
@@ -857,7 +858,7 @@ void PingpongClient(int fd) {
     const uint64_t seed = Seed(pi, 0);
     Fill(out.data(), p.size, seed);
     std::vector<double> samples;
-    samples.reserve(p.count);
+    ReserveTouched(&samples, p.count);
     const int64_t total = p.warmup + p.count;
     int64_t t_start = 0;
     for (int64_t k = 0; k < total; ++k) {
@@ -1202,7 +1203,7 @@ void ConnectClient(uint16_t port) {
   for (int pi = 0; pi < static_cast<int>(run.points.size()); ++pi) {
     const Point& p = run.points[pi];
     std::vector<double> samples;
-    samples.reserve(p.count);
+    ReserveTouched(&samples, p.count);
     int64_t t_start = 0;
     for (int64_t k = 0; k < p.warmup + p.count; ++k) {
       if (k == p.warmup) t_start = NowNs();

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/clock.h"
+#include "bench/samples.h"
 #include "core/provider.h"
 
 ABSL_FLAG(std::string, provider, "unet", "fabric config string");
@@ -413,7 +414,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     const int warmup = Warmup(size), rounds = warmup + Iters(size);
     const uint64_t send_ctx = SendContext(**fabric, size);
     std::vector<double> rtt;
-    rtt.reserve(rounds);
+    bench::ReserveTouched(&rtt, rounds);
     int64_t sends = 0, sent = 0;
     int64_t prev = bench::NowNs();
     for (int i = 0; i < rounds; ++i) {
@@ -520,6 +521,7 @@ std::vector<Result> TcpClient(int port, const std::vector<size_t>& sizes) {
   std::vector<Result> results;
   for (size_t size : sizes) {
     std::vector<double> rtt;
+    bench::ReserveTouched(&rtt, Iters(size));
     for (int i = 0; i < Iters(size); ++i) {
       int64_t t0 = bench::NowNs();
       FullIo(fd, buf.data(), size, true);
