@@ -23,12 +23,15 @@
 #         endpoints that handle peer failure (UCP_ERR_HANDLING_MODE_PEER,
 #         which zsock always asks for; UCX's large messages over tcp take
 #         another protocol with it; docs/ucx.md, "Numbers")
+#   zsock ucx:posix,cma (row ucx:posix-err) vs ucx_perftest -e with
+#         UCX_MM_ERROR_HANDLING=y (which -e needs over shared memory, and
+#         zsock sets): the same, over shared memory
 #
 # Usage (as root on a fresh Debian 12 clone; installs what is missing):
 #   bash bench/compare_providers.sh [--sizes=64,4096,65536,1048576] [--iters=20000]
 #                                   [--cores=0,1]
 #                                   [--configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,
-#                                              ucx:posix-ser,ucx:posix-mt,ucx:tcp-err]
+#                                              ucx:posix-ser,ucx:posix-mt,ucx:tcp-err,ucx:posix-err]
 #                                   (also ofi:tcp-nowait)
 #                                   [--repeat=5] [--level=provider|sdp]
 #
@@ -81,7 +84,7 @@ cd "$(dirname "$0")/.."
 sizes=64,4096,65536,1048576
 iters=20000
 cores=0,1
-configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,ucx:posix-ser,ucx:posix-mt,ucx:tcp-err
+configs=ofi:tcp,ofi:shm,ofi:msg,ofi:msg-fd,ofi:msg-nowait,ucx:tcp,ucx:posix,ucx:posix-ser,ucx:posix-mt,ucx:tcp-err,ucx:posix-err
 repeat=5
 level=provider
 for arg in "$@"; do
@@ -193,8 +196,8 @@ ucx_pt() {
   command -v ucx_perftest >/dev/null || { echo "n/a (ucx_perftest missing: apt-get install ucx-utils)"; return; }
   local port w=$(( n / 10 > 10 ? n / 10 : 10 ))
   port=$(free_port)
-  if ! run_pair "$port" -- env UCX_TLS="$tls" ucx_perftest -p "$port" "${ptextra[@]}" \
-       -- env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$n" \
+  if ! run_pair "$port" -- env UCX_TLS="$tls" "${ptenv[@]}" ucx_perftest -p "$port" "${ptextra[@]}" \
+       -- env UCX_TLS="$tls" "${ptenv[@]}" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$n" \
           -w "$w" -O "$window" "${ptextra[@]}"; then
     echo "n/a (ucx_perftest failed: $(grep -v '^$' "$tmp/client.out" | tail -1 | cut -c1-80))"
     return
@@ -266,6 +269,7 @@ IFS=, read -ra cfgs <<<"$configs"
 IFS=, read -ra size_list <<<"$sizes"
 for cfg in "${cfgs[@]}"; do
   ptextra=()  # ucx_perftest's options beside the defaults
+  ptenv=()    # and UCX variables beside UCX_TLS
   case "$cfg" in
     ofi:tcp) zs="ofi:tcp;ofi_rxm?iface=lo"; peer=fi_pingpong; prov="tcp;ofi_rxm"; extra=(-e rdm -d lo) ;;
     ofi:shm) zs="ofi:shm"; peer=fi_pingpong; prov=shm; extra=(-e rdm) ;;
@@ -278,6 +282,8 @@ for cfg in "${cfgs[@]}"; do
     ucx:posix-ser) zs="ucx:posix,cma?threads=serialized"; peer=ucx_perftest; tls=posix,cma ;;
     ucx:posix-mt) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma; ptextra=(-M multi) ;;
     ucx:tcp-err) zs="ucx:tcp"; peer=ucx_perftest; tls=tcp; ptextra=(-e) ;;
+    ucx:posix-err) zs="ucx:posix,cma"; peer=ucx_perftest; tls=posix,cma; ptextra=(-e)
+      ptenv=(UCX_MM_ERROR_HANDLING=y) ;;
     *) echo "compare_providers: unknown config $cfg" >&2; exit 2 ;;
   esac
   # Interleaved: each round runs zsock once and then the peer at every
@@ -332,7 +338,7 @@ for cfg in "${cfgs[@]}"; do
     [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
     [ -z "$note" ] || rows+=("    $peer: $note")
   done
-  [ "${#ptextra[@]}" = 0 ] || rows+=("    ucx_perftest ran with ${ptextra[*]}; zsock as $zs")
+  [ "${#ptextra[@]}" = 0 ] || rows+=("    ucx_perftest ran with ${ptextra[*]}${ptenv[*]:+ and ${ptenv[*]}}; zsock as $zs")
   [ "$cfg" != ucx:posix-ser ] || rows+=("    zsock as $zs (no worker lock, as ucx_perftest's default -M single)")
   rows+=("    line crossing (ns), before zsock / after $peer, per round: $(awk '{ printf "%s%s/%s", (NR > 1 ? " " : ""), $1, $2 }' "$tmp/probe.all")")
 done
