@@ -979,7 +979,9 @@ class Worker {
   // reported failed. Returns the events handled.
   // `now` is the coarse clock (CoarseNowNs) as the CQ's Progress last read
   // it (every few polls). Inlined into that Progress: the busy poll's path.
-  [[gnu::always_inline]] inline size_t ProgressLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // `tries`: ucp_worker_progress calls, at most, until one finds something.
+  [[gnu::always_inline]] inline size_t ProgressLocked(int64_t now, int tries = 1)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   enum class Arm {
     kArmed,     // asleep on the wakeup fd until an event
     kPending,   // events are pending: progress now
@@ -1273,6 +1275,16 @@ class UcxCq final : public CompletionQueue {
   std::atomic<bool> service_pending_{true};  // NoteService
   std::atomic<int64_t> last_sock_check_{0};
   static constexpr uint32_t kClockPolls = 8;
+  // ucp_worker_progress calls per Progress while nothing turns up. A busy
+  // poller sees a message as soon as the call after its arrival looks, and
+  // zsock's own part of a poll (core's Poll, this Progress, the worker
+  // lock: about 12 ns of an idle poll's 17) came between every two looks;
+  // with 4 tries they come once per four (an idle poll 17 -> 31 ns, a look
+  // every 8 ns). A/B within one run (blocks of 1000 round trips
+  // alternating, docs/ucx.md "Numbers"): 64-byte one-way over shared
+  // memory 3.4 ns shorter with 4, 2.5 with 2, 3.5 with 8, 1.7 longer with
+  // 16 (an idle poll of 70 ns).
+  static constexpr int kIdleTries = 4;
   std::atomic<uint32_t> polls_{0};    // Progress calls (Progress: the clock's reads)
   std::atomic<int64_t> now_ns_{0};    // the coarse clock when last read
   Mutex mu_;
@@ -1468,7 +1480,7 @@ void CloseUcpEpLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu)
   w->CloseEpLocked(ep);
 }
 
-size_t Worker::ProgressLocked(int64_t now) {
+size_t Worker::ProgressLocked(int64_t now, int tries) {
   // Sends finished inside their ucp_tag_send_nbx, before what this
   // progress finds.
   size_t reported = ReportInlineLocked();
@@ -1478,11 +1490,14 @@ size_t Worker::ProgressLocked(int64_t now) {
   // caller's PostRecv or the next progress sends it), and a peer's report
   // opens the window at most one call later.
   if (!flow_due_.empty()) reported += FlowLocked();
-  // One ucp_worker_progress call (it handles a batch): when it found
-  // something, the caller gets it now, and the rest (more progress, the
-  // control probe) waits for the next call: a ping-pong's reply is then
-  // sent without either on its path.
-  size_t n = ucp_worker_progress(worker_);
+  // ucp_worker_progress until it finds something (it handles a batch), at
+  // most `tries` times: when it found something, the caller gets it now,
+  // and the rest (more progress, the control probe) waits for the next
+  // call: a ping-pong's reply is then sent without either on its path.
+  size_t n;
+  do {
+    n = ucp_worker_progress(worker_);
+  } while (n == 0 && --tries > 0);
   // Control messages become probe-able when progress handles an arrival:
   // probed on the first call after one that found something, not on every
   // idle busy poll (a tenth of its cost), but at least once per coarse tick
@@ -2771,7 +2786,7 @@ size_t UcxCq::Progress() {
   Worker* primary = fabric_->primary();
   if (primary != nullptr) {
     WorkerLock lock(&primary->mu);
-    n = primary->ProgressLocked(now);
+    n = primary->ProgressLocked(now, kIdleTries);
   }
   if (Worker* w = fabric_->fallback(); w != nullptr && w != primary) [[unlikely]] {
     n += ProgressOtherLocked(w, now);
