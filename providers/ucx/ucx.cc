@@ -980,7 +980,12 @@ class Worker {
   // `now` is the coarse clock (CoarseNowNs) as the CQ's Progress last read
   // it (every few polls). Inlined into that Progress: the busy poll's path.
   // `tries`: ucp_worker_progress calls, at most, until one finds something.
-  [[gnu::always_inline]] inline size_t ProgressLocked(int64_t now, int tries = 1)
+  // `quick`: when one did, return at once and leave the rest (the control
+  // probe, held sends, failed endpoints) to the next call; the CQ passes
+  // false on every kClockPolls-th poll, so that a stream finding something
+  // on every poll still gets it done.
+  [[gnu::always_inline]] inline size_t ProgressLocked(int64_t now, int tries = 1,
+                                                      bool quick = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   enum class Arm {
     kArmed,     // asleep on the wakeup fd until an event
@@ -1480,7 +1485,7 @@ void CloseUcpEpLocked(Worker* w, EpCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu)
   w->CloseEpLocked(ep);
 }
 
-size_t Worker::ProgressLocked(int64_t now, int tries) {
+size_t Worker::ProgressLocked(int64_t now, int tries, bool quick) {
   // Sends finished inside their ucp_tag_send_nbx, before what this
   // progress finds.
   size_t reported = ReportInlineLocked();
@@ -1498,6 +1503,16 @@ size_t Worker::ProgressLocked(int64_t now, int tries) {
   do {
     n = ucp_worker_progress(worker_);
   } while (n == 0 && --tries > 0);
+  // A busy poll that found something (a ping-pong's every message) goes
+  // back to its caller with nothing else on the way: the instructions
+  // between UCX's callback and the reply the caller sends are round-trip
+  // time. The probe is due; the rest below runs on the next call.
+  if (quick && n > 0) [[likely]] {
+    probe_due_ = true;
+    n += reported;
+    last_progress_ = n;
+    return n;
+  }
   // Control messages become probe-able when progress handles an arrival:
   // probed on the first call after one that found something, not on every
   // idle busy poll (a tenth of its cost), but at least once per coarse tick
@@ -2783,10 +2798,19 @@ size_t UcxCq::Progress() {
   // the rarely needed socket and endpoint service out of line (a reply is
   // detected one idle poll sooner the shorter the poll is).
   size_t n = 0;
+  const bool quick = k % kClockPolls != 0;
   Worker* primary = fabric_->primary();
   if (primary != nullptr) {
     WorkerLock lock(&primary->mu);
-    n = primary->ProgressLocked(now, kIdleTries);
+    n = primary->ProgressLocked(now, kIdleTries, quick);
+  }
+  // Found something on a poll that is not a full one: back to the caller
+  // at once; the fallback worker and the sockets wait for the next poll
+  // (at most kClockPolls - 1 later).
+  if (quick && n > 0) [[likely]] {
+    backoff_ns_.store(kMinBackoffNs, std::memory_order_relaxed);
+    t_progressing = outer;
+    return n;
   }
   if (Worker* w = fabric_->fallback(); w != nullptr && w != primary) [[unlikely]] {
     n += ProgressOtherLocked(w, now);
