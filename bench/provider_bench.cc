@@ -135,10 +135,14 @@ class Completions {
  public:
   Completions(CompletionQueue* cq, bool spin) : cq_(cq), spin_(spin) {}
 
-  Completion Next() {
+  // The next completion, read in place (as an application reads what Poll
+  // wrote into its array, and as the peer tools read theirs): valid until
+  // the next call. (A copy per completion was half a nanosecond of a
+  // 64-byte one-way over shared memory.)
+  const Completion& Next() {
     for (;;) {
       if (head_ == n_) Refill();
-      Completion c = std::move(buf_[head_++]);
+      const Completion& c = buf_[head_++];
       // An idle connection's receive ends only when the peer has gone.
       if (c.context == kIdleContext) continue;
       if (!c.status.ok()) Die(c.status.ToString());
@@ -274,7 +278,7 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
     if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
     for (int i = 0; i < rounds; ++i) {
       for (;;) {
-        Completion c = comps.Next();
+        const Completion& c = comps.Next();
         if (c.op == OpType::kRecv) break;
         ++sent;
       }
@@ -293,7 +297,7 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
       if (!e->PostRecv(bufs[posted % window].data(), max, nullptr, posted % window).ok()) Die("post");
     }
     while (got < count) {
-      Completion c = comps.Next();
+      const Completion& c = comps.Next();
       if (c.op != OpType::kRecv) continue;
       ++got;
       if (posted < count) {
@@ -317,7 +321,7 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
       if (!e->Send(key.data(), key.size(), nullptr, 0).ok()) Die("send key");
       bool key_sent = false, finished = false;
       while (!key_sent || !finished) {
-        Completion c = comps.Next();
+        const Completion& c = comps.Next();
         if (c.op == OpType::kSend) key_sent = true;
         if (c.op == OpType::kRecv && c.context == kDoneCtx) finished = true;
       }
@@ -345,7 +349,7 @@ double ReadStream(Endpoint* e, Completions& comps, Fabric& fabric, std::vector<u
                   size_t key_len, std::vector<uint8_t>& in, size_t size, int64_t count,
                   int window) {
   while (key_len == 0) {
-    Completion c = comps.Next();
+    const Completion& c = comps.Next();
     if (c.op == OpType::kRecv && c.context == kKeyCtx) key_len = c.length;
   }
   auto key = RemoteKey::Parse(absl::string_view(reinterpret_cast<const char*>(keybuf.data()), key_len));
@@ -374,7 +378,7 @@ double ReadStream(Endpoint* e, Completions& comps, Fabric& fabric, std::vector<u
   const int64_t t0 = bench::NowNs();
   while (issued < std::min<int64_t>(window, total)) issue();
   while (done < total) {
-    Completion c = comps.Next();
+    const Completion& c = comps.Next();
     if (c.op != OpType::kRead) continue;
     ++done;
     if (issued < total) issue();
@@ -423,7 +427,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
       // Posted after the send (as ucx_perftest does): the reply takes longer.
       if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
       for (;;) {
-        Completion c = comps.Next();
+        const Completion& c = comps.Next();
         if (c.op == OpType::kRecv) break;
         ++sent;
       }
@@ -448,7 +452,7 @@ std::vector<Result> ProviderClient(const std::string& config, const std::string&
     bool acked = false;
     size_t key_len = 0;  // the server's key, if it came while sends were still completing
     while (done < count || !acked) {
-      Completion c = comps.Next();
+      const Completion& c = comps.Next();
       if (c.op == OpType::kRecv) {
         if (c.context == kKeyCtx) {
           key_len = c.length;
