@@ -1252,9 +1252,9 @@ class UcxCq final : public CompletionQueue {
   }
 
  private:
-  UcxCq(UcxFabric* fabric, Fd epoll, Fd socks, Fd event, Fd timer)
+  UcxCq(UcxFabric* fabric, Fd epoll, Fd socks, Fd event, Fd timer, int idle_tries)
       : fabric_(fabric), epoll_(std::move(epoll)), socks_(std::move(socks)),
-        event_(std::move(event)), timer_(std::move(timer)) {}
+        event_(std::move(event)), timer_(std::move(timer)), idle_tries_(idle_tries) {}
   // Reads, then clears wake_pending_ (core's DrainWake says why that order).
   void Drain() {
     uint64_t v;
@@ -1280,16 +1280,19 @@ class UcxCq final : public CompletionQueue {
   std::atomic<bool> service_pending_{true};  // NoteService
   std::atomic<int64_t> last_sock_check_{0};
   static constexpr uint32_t kClockPolls = 8;
-  // ucp_worker_progress calls per Progress while nothing turns up. A busy
-  // poller sees a message as soon as the call after its arrival looks, and
-  // zsock's own part of a poll (core's Poll, this Progress, the worker
-  // lock: about 12 ns of an idle poll's 17) came between every two looks;
-  // with 4 tries they come once per four (an idle poll 17 -> 31 ns, a look
-  // every 8 ns). A/B within one run (blocks of 1000 round trips
-  // alternating, docs/ucx.md "Numbers"): 64-byte one-way over shared
-  // memory 3.4 ns shorter with 4, 2.5 with 2, 3.5 with 8, 1.7 longer with
-  // 16 (an idle poll of 70 ns).
+  // ucp_worker_progress calls per Progress while nothing turns up, on a
+  // shared-memory-only fabric. A busy poller sees a message as soon as the
+  // call after its arrival looks, and zsock's own part of a poll (core's
+  // Poll, this Progress, the worker lock: about 12 ns of an idle poll's
+  // 17) came between every two looks; with 4 tries they come once per
+  // four (an idle poll 17 -> 30 ns, a look every 8 ns). A/B within one run
+  // (blocks of 1000 round trips alternating, docs/ucx.md "Numbers"):
+  // 64-byte one-way over shared memory 3.4 ns shorter with 4, 2.5 with 2,
+  // 3.5 with 8, 1.7 longer with 16 (an idle poll of 70 ns). One try where
+  // tcp is in the worker: its progress is an epoll_wait call (an idle poll
+  // 182 ns; 4 tries made it 635), beside which zsock's part is nothing.
   static constexpr int kIdleTries = 4;
+  const int idle_tries_;
   std::atomic<uint32_t> polls_{0};    // Progress calls (Progress: the clock's reads)
   std::atomic<int64_t> now_ns_{0};    // the coarse clock when last read
   Mutex mu_;
@@ -2736,8 +2739,10 @@ absl::StatusOr<std::unique_ptr<UcxCq>> UcxCq::Create(UcxFabric* fabric) {
       return ErrnoError(errno, "building the ucx CQ's epoll set failed");
     }
   }
-  auto cq = std::unique_ptr<UcxCq>(
-      new UcxCq(fabric, std::move(ep), std::move(socks), std::move(event), std::move(timer)));
+  const Settings& s = fabric->settings();
+  const int tries = s.same_host_only && s.has_mm ? kIdleTries : 1;
+  auto cq = std::unique_ptr<UcxCq>(new UcxCq(fabric, std::move(ep), std::move(socks),
+                                             std::move(event), std::move(timer), tries));
   // Core's wake eventfd (Push/Wake from other threads) joins the wait set.
   epoll_event wev{};
   wev.events = EPOLLIN;
@@ -2802,7 +2807,7 @@ size_t UcxCq::Progress() {
   Worker* primary = fabric_->primary();
   if (primary != nullptr) {
     WorkerLock lock(&primary->mu);
-    n = primary->ProgressLocked(now, kIdleTries, quick);
+    n = primary->ProgressLocked(now, idle_tries_, quick);
   }
   // Found something on a poll that is not a full one: back to the caller
   // at once; the fallback worker and the sockets wait for the next poll
