@@ -338,7 +338,7 @@ for cfg in "${cfgs[@]}"; do
     [ "$zs_ok" = 1 ] || rows+=("    zsock $zs: n/a ($zs_reason)")
     [ -z "$note" ] || rows+=("    $peer: $note")
   done
-  [ "${#ptextra[@]}" = 0 ] || rows+=("    ucx_perftest ran with ${ptextra[*]}${ptenv[*]:+ and ${ptenv[*]}}; zsock as $zs")
+  [ "${#ptextra[@]}" = 0 ] && [ "${#ptenv[@]}" = 0 ] || rows+=("    ucx_perftest ran with ${ptextra[*]}${ptenv[*]:+ and ${ptenv[*]}}; zsock as $zs")
   [ "$cfg" != ucx:posix-ser ] || rows+=("    zsock as $zs (no worker lock, as ucx_perftest's default -M single)")
   rows+=("    line crossing (ns), before zsock / after $peer, per round: $(awk '{ printf "%s%s/%s", (NR > 1 ? " " : ""), $1, $2 }' "$tmp/probe.all")")
 done

@@ -20,8 +20,10 @@ namespace zsock::bench {
 
 // Empties `v` and leaves room for `n` samples whose pages are resident.
 inline void ReserveTouched(std::vector<double>* v, size_t n) {
-  v->assign(n, 0.0);  // writes every element, so every page
-  v->clear();         // keeps the capacity (and the mapped pages)
+  // Writes every element, so every page (not zeros: nothing may turn that
+  // into a calloc that skips them); clear keeps the capacity and the pages.
+  v->assign(n, -1.0);
+  v->clear();
 }
 
 }  // namespace zsock::bench

@@ -19,8 +19,8 @@
 // Two-sided messages: ucp_tag_send_nbx / ucp_tag_recv_nbx with a tag naming
 // the receiving endpoint (id + secret exchanged at connect; tag matching is
 // per worker). Control messages use the same ids with the control bit and
-// are probed by every progress call, so a user message waiting for a
-// receive never blocks them. Completions are reported in posting order.
+// are probed by progress (after an arrival, once per coarse tick, before
+// sleeping), so a user message waiting for a receive never blocks them. Completions are reported in posting order.
 //
 // One-sided operations: on ordinary memory UCX 1.13 has no transport RMA on
 // these transports, only its software emulation, which writes wherever the
@@ -1112,8 +1112,9 @@ class Worker {
   WorkerMutex mu;
   absl::flat_hash_map<uint32_t, std::shared_ptr<EpCore>> eps ABSL_GUARDED_BY(mu);
   // The endpoints whose sends wait for their window (EpCore::held): every
-  // progress probes them for the peer's report (DrainHoldingLocked), not
-  // only once per tick, and not every endpoint of the worker.
+  // full progress (all but a busy poll's quick return, ProgressLocked)
+  // probes them for the peer's report (DrainHoldingLocked), not only once
+  // per tick, and not every endpoint of the worker.
   absl::flat_hash_set<EpCore*> holding ABSL_GUARDED_BY(mu);
 
  private:
@@ -1285,7 +1286,7 @@ class UcxCq final : public CompletionQueue {
   // call after its arrival looks, and zsock's own part of a poll (core's
   // Poll, this Progress, the worker lock: about 12 ns of an idle poll's
   // 17) came between every two looks; with 4 tries they come once per
-  // four (an idle poll 17 -> 30 ns, a look every 8 ns). A/B within one run
+  // four (an idle poll 17 -> 29 ns, a look every 7 ns). A/B within one run
   // (blocks of 1000 round trips alternating, docs/ucx.md "Numbers"):
   // 64-byte one-way over shared memory 3.4 ns shorter with 4, 2.5 with 2,
   // 3.5 with 8, 1.7 longer with 16 (an idle poll of 70 ns). One try where
@@ -1499,17 +1500,19 @@ size_t Worker::ProgressLocked(int64_t now, int tries, bool quick) {
   // opens the window at most one call later.
   if (!flow_due_.empty()) reported += FlowLocked();
   // ucp_worker_progress until it finds something (it handles a batch), at
-  // most `tries` times: when it found something, the caller gets it now,
-  // and the rest (more progress, the control probe) waits for the next
-  // call: a ping-pong's reply is then sent without either on its path.
+  // most `tries` times, and only once when there is already something to
+  // report: when it found something, the caller gets it now, and more
+  // progress waits for the next call (a ping-pong's reply is then sent
+  // without it on its path).
   size_t n;
   do {
     n = ucp_worker_progress(worker_);
-  } while (n == 0 && --tries > 0);
+  } while (n == 0 && reported == 0 && --tries > 0);
   // A busy poll that found something (a ping-pong's every message) goes
   // back to its caller with nothing else on the way: the instructions
   // between UCX's callback and the reply the caller sends are round-trip
-  // time. The probe is due; the rest below runs on the next call.
+  // time. The probe is due; the rest below runs on the next poll that
+  // finds nothing, or on the next full one (the caller's kClockPolls).
   if (quick && n > 0) [[likely]] {
     probe_due_ = true;
     n += reported;
@@ -1522,7 +1525,7 @@ size_t Worker::ProgressLocked(int64_t now, int tries, bool quick) {
   // (UCX may also progress inside other calls, and a stream keeps finding
   // something), and always before arming (ArmLocked).
   // Endpoints whose sends wait for a window look for the report that opens
-  // it on every progress.
+  // it on every full progress (all but the quick return above).
   if (n > 0) {
     probe_due_ = true;
     if (now - last_probe_ns_ >= kProbeIntervalNs) {
