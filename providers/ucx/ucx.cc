@@ -20,7 +20,8 @@
 // the receiving endpoint (id + secret exchanged at connect; tag matching is
 // per worker). Control messages use the same ids with the control bit and
 // are probed by progress (after an arrival, once per coarse tick, before
-// sleeping), so a user message waiting for a receive never blocks them. Completions are reported in posting order.
+// sleeping), so a user message waiting for a receive never blocks them.
+// Completions are reported in posting order.
 //
 // One-sided operations: on ordinary memory UCX 1.13 has no transport RMA on
 // these transports, only its software emulation, which writes wherever the
