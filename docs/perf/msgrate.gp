@@ -1,4 +1,4 @@
-# zsock_bench msgrate: the layout of seed 003 . Redraw with: gnuplot msgrate.gp
+# zsock_bench msgrate: the layout of the AZ-SDP paper. Redraw with: gnuplot msgrate.gp
 set terminal pngcairo size 560,440 enhanced font ",10"
 set output "msgrate.png"
 set grid
