@@ -185,6 +185,20 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   absl::Mutex* const absl_mu_ = nullptr;
 };
 
+// The scoped guard of any lockable with Lock()/Unlock() (a provider's own
+// domain or worker lock), annotated like MutexLock.
+template <typename M>
+class ABSL_SCOPED_LOCKABLE ScopedLock {
+ public:
+  explicit ScopedLock(M* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~ScopedLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  ScopedLock(const ScopedLock&) = delete;
+  ScopedLock& operator=(const ScopedLock&) = delete;
+
+ private:
+  M* const mu_;
+};
+
 }  // namespace zsock
 
 #endif  // ZSOCK_CORE_MUTEX_H_
