@@ -5,7 +5,7 @@
 // reply to a message takes a little longer than the spin (a round trip over
 // loopback TCP takes tens of microseconds), every wait sleeps and pays a
 // wake-up, which on a VM costs tens to hundreds of microseconds
-// (docs/decisions/, the adaptive spin).
+// (docs/decisions/0002-adaptive-spin.md).
 //
 // The rule is KVM's halt polling (halt_poll_ns, grown and shrunk per vCPU),
 // applied to a completion queue or an SDP engine:
@@ -60,7 +60,7 @@ constexpr int64_t kSpinYieldAfterNs = 5'000;
 // often puts the woken thread on the waker's CPU: a spin that keeps that
 // CPU delays the very reply it waits for, up to its whole budget. Only
 // after 5 us, so that a busy ping-pong, whose replies come sooner, never
-// yields (docs/decisions/, the spin's yield). Where no other thread is
+// yields (docs/decisions/0003-spin-yields.md). Where no other thread is
 // runnable the call returns at once.
 inline void SpinYield(int64_t spun_ns) {
   if (spun_ns >= kSpinYieldAfterNs) sched_yield();

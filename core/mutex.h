@@ -16,7 +16,7 @@
 // the futex mutex of Drepper's "Futexes Are Tricky" (states 0 free, 1
 // held, 2 held with possible sleepers; one compare-exchange to lock, one
 // exchange to unlock, a futex wake only when someone may sleep), with a
-// short spin before sleeping (docs/decisions/, the futex mutex, has the
+// short spin before sleeping (docs/decisions/0001-futex-mutex.md has the
 // measurements).
 // Waiters block in the kernel after the spin: no busy wait is ever needed.
 //
