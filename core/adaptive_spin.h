@@ -3,10 +3,9 @@
 //
 // A fixed spin (spin_us) is a guess at how soon the event comes. When the
 // reply to a message takes a little longer than the spin (a round trip over
-// loopback TCP is 20-50 us on the machines CI runs on), every wait sleeps
-// and pays a wake-up, which on a VM costs tens to hundreds of microseconds:
-// SDP's 8-byte ping-pong over tcp;ofi_rxm had its average pulled to 1.5x its
-// median by them (docs/performance-notes.md, "Fifteenth session").
+// loopback TCP takes tens of microseconds), every wait sleeps and pays a
+// wake-up, which on a VM costs tens to hundreds of microseconds
+// (docs/decisions/0002-adaptive-spin.md).
 //
 // The rule is KVM's halt polling (halt_poll_ns, grown and shrunk per vCPU),
 // applied to a completion queue or an SDP engine:
@@ -59,14 +58,10 @@ constexpr int64_t kSpinYieldAfterNs = 5'000;
 // Called by a spinning wait at its clock reads with how long it has spun.
 // A message this thread sent may have woken its peer, and the scheduler
 // often puts the woken thread on the waker's CPU: a spin that keeps that
-// CPU delays the very reply it waits for, up to its whole budget.
-// wakeup_bench, 1 ms gaps, three interleaved rounds: a unet round trip
-// took 58-65 us p50 (p90 146-151) with the default spin, 37-42 with none,
-// and 28-31 (p90 38-39) with the spin yielding; through the sockets layer
-// 97-110 us against 61-72. After 5 us, so a busy ping-pong, whose replies
-// come sooner, yields nothing (unet 8 B p50 0.46-0.74 us against 0.44-0.93
-// without it; SDP over rxm, 7 rounds, median 13.3 us against 14.6).
-// Where no other thread is runnable the call returns at once.
+// CPU delays the very reply it waits for, up to its whole budget. Only
+// after 5 us, so that a busy ping-pong, whose replies come sooner, never
+// yields (docs/decisions/0003-spin-yields.md). Where no other thread is
+// runnable the call returns at once.
 inline void SpinYield(int64_t spun_ns) {
   if (spun_ns >= kSpinYieldAfterNs) sched_yield();
 }

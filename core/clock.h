@@ -11,7 +11,7 @@ namespace zsock {
 // resolution), read from the vDSO in a few ns with no system call and no
 // TSC calibration. For timing liveness checks, lingers and rate limits on
 // paths a busy poller runs millions of times a second (absl's
-// GetCurrentTimeNanos measured at a tenth of an empty poll); never for
+// GetCurrentTimeNanos costs a large share of an empty poll); never for
 // latency measurement.
 inline int64_t CoarseNowNs() {
   timespec ts;

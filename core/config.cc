@@ -12,14 +12,24 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/log.h"
+#include "core/mutex.h"
 #include "core/status.h"
 
 extern char** environ;
 
 namespace zsock {
 
-const std::vector<ConfigKeyInfo>& ConfigKeys() {
-  static const auto* keys = new std::vector<ConfigKeyInfo>{
+namespace {
+
+// Guards registrations; they come from static initializers and module
+// loads, never concurrently with a Load that reads the list.
+Mutex& KeysMutex() {
+  static auto* mu = new Mutex;
+  return *mu;
+}
+
+std::vector<ConfigKeyInfo>* MutableKeys() {
+  static auto* keys = new std::vector<ConfigKeyInfo>{
       {"provider", ConfigType::kString, "unet",
        "fabric opened by default: provider[:spec][?key=value&...], e.g. unet, "
        "ofi:tcp;ofi_rxm, ucx:posix,cma"},
@@ -77,20 +87,30 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
        "SDP: smallest bcopy send that goes pulled (copied once into a buffer the "
        "peer reads straight into its application's buffer) where the peer's reads "
        "of our memory are CPU copies (unet); 0: never", {}, 0, int64_t{1} << 30},
-      {"unet_ring_entries", ConfigType::kInt, "256",
-       "unet: descriptors per receive ring (power of two)", {}, 8, 65536},
-      {"unet_buffer_size", ConfigType::kSize, "32K",
-       "unet: size of one communication-segment buffer", {}, 4096, 16 << 20},
-      {"unet_buffers", ConfigType::kInt, "64",
-       "unet: buffers per communication segment (power of two)", {}, 8, 65536},
-      {"unet_cma", ConfigType::kEnum, "auto",
-       "unet: cross-memory attach for RDMA read/write: auto (probe at connect), "
-       "off (always copy through the segment)",
-       {"auto", "off"}},
-      {"unet_max_registrations", ConfigType::kInt, "4096",
-       "unet: size of the registration key table", {}, 16, 1 << 20},
   };
-  return *keys;
+  return keys;
+}
+
+bool global_loaded = false;
+
+}  // namespace
+
+const std::vector<ConfigKeyInfo>& ConfigKeys() { return *MutableKeys(); }
+
+bool RegisterConfigKeys(std::vector<ConfigKeyInfo> keys) {
+  MutexLock lock(&KeysMutex());
+  std::vector<ConfigKeyInfo>* all = MutableKeys();
+  for (auto& k : keys) {
+    bool exists = false;
+    for (const auto& have : *all) exists |= have.name == k.name;
+    if (exists) {
+      ZS_LOG(kError, "config key %s is registered twice; the second is ignored", k.name);
+      continue;
+    }
+    all->push_back(std::move(k));
+    if (global_loaded) Config::AddToGlobal(all->back());
+  }
+  return true;
 }
 
 namespace {
@@ -282,7 +302,11 @@ absl::StatusOr<Config>* GlobalStorage() {
 }
 void LoadGlobal() {
   absl::StatusOr<Config>* config = GlobalStorage();
-  *config = Config::Load(ZsockEnvironment());
+  {
+    MutexLock lock(&KeysMutex());
+    *config = Config::Load(ZsockEnvironment());
+    global_loaded = true;
+  }
   // Logging sits below config and reads only ZSOCK_LOG_LEVEL; a level set
   // in the config file is applied here.
   LogLevel level;
@@ -291,6 +315,25 @@ void LoadGlobal() {
   }
 }
 }  // namespace
+
+// Its default, or its ZSOCK_* variable when that is valid (an invalid one
+// is logged and the default kept: the configuration that loaded stays
+// usable).
+void Config::AddToGlobal(const ConfigKeyInfo& key) {
+  absl::StatusOr<Config>* config = GlobalStorage();
+  if (!config->ok()) return;
+  ConfigValue v{std::string(key.default_value), "default"};
+  std::string var = absl::StrCat("ZSOCK_", absl::AsciiStrToUpper(key.name));
+  if (const char* env = std::getenv(var.c_str()); env != nullptr) {
+    std::string source = absl::StrCat("env ", var);
+    if (absl::Status st = Config::Validate(key.name, env, source); st.ok()) {
+      v = {env, source};
+    } else {
+      ZS_LOG(kError, "%s", st.message());
+    }
+  }
+  (*config)->values_[std::string(key.name)] = std::move(v);
+}
 
 const absl::StatusOr<Config>& Config::Global() {
   static const bool loaded = [] {

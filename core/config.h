@@ -33,8 +33,17 @@ struct ConfigKeyInfo {
   int64_t max = INT64_MAX;
 };
 
-// Every key zsock knows.
+// Every key zsock knows: core's own and those components registered.
 const std::vector<ConfigKeyInfo>& ConfigKeys();
+
+// Adds a component's keys (a provider's, named with its prefix: unet_...),
+// from its static initializer, so that they are validated, documented by
+// zsock_info --config and read with Config's getters like core's. A key
+// that already exists is refused (logged) and the rest are added. Keys
+// registered after the global configuration loaded (a provider module
+// opened later) join it with their defaults and ZSOCK_* environment values.
+// Returns true, for use as an initializer.
+bool RegisterConfigKeys(std::vector<ConfigKeyInfo> keys);
 
 struct ConfigValue {
   std::string value;
@@ -76,6 +85,9 @@ class Config {
                                absl::string_view source);
 
  private:
+  friend bool RegisterConfigKeys(std::vector<ConfigKeyInfo> keys);
+  // A key registered after the global configuration loaded joins it.
+  static void AddToGlobal(const ConfigKeyInfo& key);
   std::map<std::string, ConfigValue, std::less<>> values_;
 };
 

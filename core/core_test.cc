@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <span>
 #include <vector>
@@ -66,7 +67,7 @@ TEST(Config, BadValuesAreRejectedWithTheFix) {
   auto bad_number = Config::Load({{"ZSOCK_SPIN_US", "fast"}}, nullptr);
   ASSERT_FALSE(bad_number.ok());
   EXPECT_NE(bad_number.status().message().find("not a number"), absl::string_view::npos);
-  auto out_of_range = Config::Load({{"ZSOCK_UNET_RING_ENTRIES", "2"}}, nullptr);
+  auto out_of_range = Config::Load({{"ZSOCK_AZ_ADVERTS", "65"}}, nullptr);
   ASSERT_FALSE(out_of_range.ok());
   EXPECT_NE(out_of_range.status().message().find("out of range"), absl::string_view::npos);
   auto unknown_env = Config::Load({{"ZSOCK_PROVDER", "unet"}}, nullptr);
@@ -79,6 +80,27 @@ TEST(Config, BadValuesAreRejectedWithTheFix) {
   std::remove(line.c_str());
   std::string missing = "/nonexistent/zsock.conf";
   EXPECT_FALSE(Config::Load({}, &missing).ok());
+}
+
+// Providers register their own keys; they are validated like core's, and
+// one registered after the global configuration loaded joins it.
+TEST(Config, RegisteredKeysAreValidatedAndJoinTheGlobalConfiguration) {
+  ASSERT_TRUE(Config::Global().ok());
+  ::setenv("ZSOCK_REGTEST_DEPTH", "12", 1);
+  RegisterConfigKeys({{"regtest_depth", ConfigType::kInt, "8", "test key", {}, 4, 64},
+                      {"provider", ConfigType::kString, "x", "a duplicate, ignored"}});
+  ::unsetenv("ZSOCK_REGTEST_DEPTH");
+  EXPECT_EQ(Config::Global()->GetInt("regtest_depth"), 12);
+  EXPECT_EQ(Config::Global()->Get("regtest_depth").source, "env ZSOCK_REGTEST_DEPTH");
+  int providers = 0;
+  for (const auto& k : ConfigKeys()) providers += k.name == "provider";
+  EXPECT_EQ(providers, 1);
+  auto too_big = Config::Load({{"ZSOCK_REGTEST_DEPTH", "65"}}, nullptr);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("use a value from 4 to 64"), absl::string_view::npos);
+  auto fine = Config::Load({}, nullptr);
+  ASSERT_TRUE(fine.ok());
+  EXPECT_EQ(fine->GetInt("regtest_depth"), 8);
 }
 
 TEST(FabricSpec, ParsesProviderSpecAndOptions) {

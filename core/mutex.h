@@ -3,9 +3,8 @@
 // Why not absl::Mutex: Debian's absl 20220623 is built with deadlock
 // detection on, so every absl::Mutex::Lock walks a global cycle graph
 // (GraphCycles::GetId, thread-identity lookups): an uncontended lock+unlock
-// costs well over 100 ns, which dominated unet's per-message cost (perf of
-// bench/endpoint_ops_bench). It is also built without ThreadSanitizer
-// annotations.
+// costs over a hundred nanoseconds, more than the rest of a unet message.
+// It is also built without ThreadSanitizer annotations.
 //
 // Why not std::mutex either (written by hand, no library offers it): the
 // provider and SDP locks are taken several times per message (a ucx
@@ -17,10 +16,8 @@
 // the futex mutex of Drepper's "Futexes Are Tricky" (states 0 free, 1
 // held, 2 held with possible sleepers; one compare-exchange to lock, one
 // exchange to unlock, a futex wake only when someone may sleep), with a
-// short spin before sleeping. A/B on this machine, 4 interleaved rounds,
-// medians (docs/performance-notes.md, thirteenth session): unet msgrate
-// 4.5 -> 6.2 M msg/s, unet SDP ping-pong 0.55 -> 0.47 us, provider
-// ping-pong ucx:posix,cma 0.222 -> 0.196 us, ofi:shm 0.458 -> 0.401 us.
+// short spin before sleeping (docs/decisions/0001-futex-mutex.md has the
+// measurements).
 // Waiters block in the kernel after the spin: no busy wait is ever needed.
 //
 // Under ThreadSanitizer it is std::mutex, so TSan keeps its lock checks
@@ -183,6 +180,20 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
  private:
   Mutex* const mu_ = nullptr;
   absl::Mutex* const absl_mu_ = nullptr;
+};
+
+// The scoped guard of any lockable with Lock()/Unlock() (a provider's own
+// domain or worker lock), annotated like MutexLock.
+template <typename M>
+class ABSL_SCOPED_LOCKABLE ScopedLock {
+ public:
+  explicit ScopedLock(M* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~ScopedLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  ScopedLock(const ScopedLock&) = delete;
+  ScopedLock& operator=(const ScopedLock&) = delete;
+
+ private:
+  M* const mu_;
 };
 
 }  // namespace zsock
