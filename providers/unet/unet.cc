@@ -56,6 +56,7 @@
 #include "core/ready_owners.h"
 #include "core/sockaddr.h"
 #include "core/status.h"
+#include "providers/unet/os.h"
 #include "providers/unet/segment.h"
 
 namespace zsock::unet {
@@ -68,181 +69,12 @@ using Completions = absl::InlinedVector<Completion, 4>;
 
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
 
-// ---------------------------------------------------------------- helpers
-
-
-class Mapping {
- public:
-  Mapping() = default;
-  Mapping(void* p, size_t len) : p_(p), len_(len) {}
-  Mapping(Mapping&& o) noexcept : p_(o.p_), len_(o.len_) { o.p_ = nullptr; o.len_ = 0; }
-  Mapping& operator=(Mapping&& o) noexcept {
-    if (this != &o) { reset(); p_ = o.p_; len_ = o.len_; o.p_ = nullptr; o.len_ = 0; }
-    return *this;
-  }
-  ~Mapping() { reset(); }
-  void reset() {
-    if (p_ != nullptr) ::munmap(p_, len_);
-    p_ = nullptr;
-    len_ = 0;
-  }
-  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
-  size_t size() const { return len_; }
-
- private:
-  void* p_ = nullptr;
-  size_t len_ = 0;
-};
-
-absl::StatusOr<Fd> CreateMemfd(const char* name, size_t size) {
-  int fd = static_cast<int>(
-      ::syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (fd < 0) {
-    return ErrnoError(errno, "memfd_create for a unet segment failed",
-                      "unet needs Linux >= 3.17 with memfd; check seccomp policy");
-  }
-  Fd owned(fd);
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    return ErrnoError(errno, absl::StrCat("sizing a unet segment to ", size, " bytes failed"),
-                      "lower unet_buffers/unet_buffer_size or raise memory limits");
-  }
-  // Sealed against resizing, so a peer can map it without fearing SIGBUS.
-  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return ErrnoError(errno, "sealing a unet segment failed");
-  }
-  return owned;
-}
-
-absl::StatusOr<Mapping> MapFd(int fd, size_t size, const char* what) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    return ErrnoError(errno, absl::StrCat("mapping ", what, " (", size, " bytes) failed"),
-                      "check the address-space and memory limits (ulimit -v)");
-  }
-  return Mapping(p, size);
-}
-
-// Checks that a peer's memfd is at least `size` bytes and sealed against
-// shrinking, so touching it cannot fault.
-absl::Status CheckPeerMemfd(int fd, size_t size, const char* what) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(errno, "fstat on a peer memfd failed");
-  int seals = ::fcntl(fd, F_GET_SEALS);
-  if (static_cast<size_t>(st.st_size) < size || seals < 0 || !(seals & F_SEAL_SHRINK)) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     absl::StrCat("peer's ", what, " is ", st.st_size,
-                                  " bytes or not sealed (need ", size, ")"),
-                     "the peer is not a compatible zsock unet endpoint");
-  }
-  return absl::OkStatus();
-}
-
-std::string SocketName(absl::string_view address) {
-  return absl::StrCat("zsock-unet/", address);
-}
-
-absl::StatusOr<sockaddr_un> MakeAddr(absl::string_view address, socklen_t* len) {
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::string name = SocketName(address);
-  if (address.empty() || name.size() + 1 > sizeof(sa.sun_path)) {
-    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     absl::StrCat("unet address '", address, "' is empty or longer than ",
-                                  sizeof(sa.sun_path) - 12, " bytes"),
-                     "use a short name such as 'server1' or '127.0.0.1:5000'");
-  }
-  // Abstract namespace: sun_path[0] == 0, nothing on disk.
-  std::memcpy(sa.sun_path + 1, name.data(), name.size());
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  return sa;
-}
-
-int PidfdOpen(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
 // ------------------------------------------------------------ handshake
 
 
 // The hello's fds: segment, CQ eventfd, key table, CQ bell.
 constexpr size_t kHelloFds = 4;
-
-// One message on the connection socket with up to kHelloFds fds (SCM_RIGHTS)
-// and, if asked, our credentials (SCM_CREDENTIALS, checked by the kernel).
-// Returns the bytes sent, or -1 with errno.
-ssize_t SendWithFds(int sock, const void* data, size_t len, std::span<const int> fds,
-                    bool credentials, int flags) {
-  iovec iov{const_cast<void*>(data), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(kHelloFds * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int)) +
-                       (credentials ? CMSG_SPACE(sizeof(ucred)) : 0);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-  std::memcpy(CMSG_DATA(cm), fds.data(), fds.size() * sizeof(int));
-  if (credentials) {
-    cm = CMSG_NXTHDR(&msg, cm);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_CREDENTIALS;
-    cm->cmsg_len = CMSG_LEN(sizeof(ucred));
-    ucred me{getpid(), getuid(), getgid()};
-    std::memcpy(CMSG_DATA(cm), &me, sizeof(me));
-  }
-  ssize_t n;
-  do {
-    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
-  } while (n < 0 && errno == EINTR);
-  return n;
-}
-
-// Receives one message into `data`, up to `fds.size()` fds (extra ones are
-// closed) and the sender's pid from SCM_CREDENTIALS (0 if absent; the socket
-// has SO_PASSCRED). Sets *complete to false when the message or its
-// ancillary data was truncated. Returns the bytes received, or -1 with errno.
-ssize_t RecvWithFds(int sock, void* data, size_t len, std::span<Fd> fds, size_t* nfds,
-                    pid_t* pid, bool* complete, int flags) {
-  iovec iov{data, len};
-  alignas(cmsghdr) char control[CMSG_SPACE(kHelloFds * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
-  } while (n < 0 && errno == EINTR);
-  *nfds = 0;
-  *pid = 0;
-  *complete = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0;
-  if (n < 0) return n;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET) continue;
-    if (cm->cmsg_type == SCM_CREDENTIALS && cm->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
-      ucred cred;
-      std::memcpy(&cred, CMSG_DATA(cm), sizeof(cred));
-      *pid = cred.pid;
-    } else if (cm->cmsg_type == SCM_RIGHTS) {
-      size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        if (*nfds < fds.size()) fds[(*nfds)++].reset(fd); else ::close(fd);
-      }
-    }
-  }
-  return n;
-}
+static_assert(kHelloFds <= kMaxPassedFds);
 
 // The hello carries the segment fds and our credentials, from which the
 // peer learns our pid. SO_PEERCRED cannot serve: on the connecting side it
