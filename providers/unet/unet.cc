@@ -56,8 +56,10 @@
 #include "core/ready_owners.h"
 #include "core/sockaddr.h"
 #include "core/status.h"
+#include "providers/unet/handshake.h"
 #include "providers/unet/os.h"
 #include "providers/unet/segment.h"
+#include "providers/unet/settings.h"
 
 namespace zsock::unet {
 namespace {
@@ -68,146 +70,6 @@ constexpr size_t kMaxMessage = size_t{1} << 30;
 using Completions = absl::InlinedVector<Completion, 4>;
 
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
-
-// ------------------------------------------------------------ handshake
-
-
-// The hello's fds: segment, CQ eventfd, key table, CQ bell.
-constexpr size_t kHelloFds = 4;
-static_assert(kHelloFds <= kMaxPassedFds);
-
-// The hello carries the segment fds and our credentials, from which the
-// peer learns our pid. SO_PEERCRED cannot serve: on the connecting side it
-// names the process that called listen(), which need not be the one that
-// accepts.
-absl::Status SendHello(int sock, const Hello& hello, const int fds[kHelloFds]) {
-  ssize_t n = SendWithFds(sock, &hello, sizeof(hello), {fds, kHelloFds}, /*credentials=*/true, 0);
-  if (n != static_cast<ssize_t>(sizeof(hello))) {
-    return ErrnoError(n < 0 ? errno : EPROTO, "sending the unet hello failed");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RecvHello(int sock, absl::Time deadline, Hello* hello, Fd fds[kHelloFds],
-                       pid_t* peer_pid) {
-  for (;;) {
-    int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left_ms <= 0) {
-      return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                       "the unet peer sent no hello in time",
-                       "check that the peer is a zsock unet endpoint and is not stuck");
-    }
-    pollfd pfd{sock, POLLIN, 0};
-    int rc = ::poll(&pfd, 1, static_cast<int>(left_ms));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0) return ErrnoError(errno, "poll during unet handshake failed");
-    if (rc > 0) break;
-  }
-  size_t received = 0;
-  bool complete = false;
-  ssize_t n = RecvWithFds(sock, hello, sizeof(*hello), {fds, kHelloFds}, &received, peer_pid,
-                          &complete, 0);
-  if (n < 0) return ErrnoError(errno, "receiving the unet hello failed");
-  if (n == 0) {
-    return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
-                     "the unet peer closed the connection during the handshake",
-                     "check the peer's log: it may have rejected our parameters");
-  }
-  if (n != static_cast<ssize_t>(sizeof(*hello)) || *peer_pid <= 0) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     "malformed unet hello", "the peer is not a compatible zsock unet endpoint");
-  }
-  // The version before the fds: version 1 sent three.
-  if (hello->magic != kSegmentMagic || hello->version != kVersion) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     absl::StrCat("unet hello has version ", hello->version, " (want ", kVersion, ")"),
-                     "run the same zsock version on both sides");
-  }
-  if (received != kHelloFds || !complete) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     absl::StrCat("malformed unet hello: ", received, " fds (want ", kHelloFds, ")"),
-                     "the peer is not a compatible zsock unet endpoint");
-  }
-  uint32_t re = hello->ring_entries, nb = hello->nbuffers;
-  if (re < 8 || re > 65536 || (re & (re - 1)) != 0 || nb < 8 || nb > 65536 ||
-      (nb & (nb - 1)) != 0 || hello->buffer_size < 4096 || hello->buffer_size > (16u << 20) ||
-      hello->key_slots == 0 || hello->key_slots > (1u << 20) ||
-      (hello->bell_slot >= kBellSlots && hello->bell_slot != kNoBellSlot) ||
-      hello->segment_size != SegmentLayout::For(re, hello->buffer_size, nb).total) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     "unet hello carries invalid segment parameters",
-                     "the peer is not a compatible zsock unet endpoint");
-  }
-  return absl::OkStatus();
-}
-
-// ------------------------------------------------------------ settings
-
-struct Settings {
-  uint32_t ring_entries;
-  uint32_t buffer_size;
-  uint32_t nbuffers;
-  uint32_t key_slots;
-  bool cma;
-  absl::Duration connect_timeout;
-};
-
-absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
-  const auto& global = Config::Global();
-  if (!global.ok()) return global.status();
-  static const char* kOptions[] = {"ring_entries", "buffer_size", "buffers", "cma",
-                                   "max_registrations"};
-  auto value = [&](const char* opt, const char* key) -> absl::StatusOr<std::string> {
-    if (auto it = spec.options.find(opt); it != spec.options.end()) {
-      if (auto st = Config::Validate(key, it->second, absl::StrCat("fabric option ", opt));
-          !st.ok()) {
-        return st;
-      }
-      return it->second;
-    }
-    return global->GetString(key);
-  };
-  for (const auto& [k, v] : spec.options) {
-    bool known = false;
-    for (const char* o : kOptions) known |= (k == o);
-    if (!known) {
-      return MakeError(absl::StatusCode::kInvalidArgument, 0,
-                       absl::StrCat("unknown unet option '", k, "'"),
-                       absl::StrCat("unet accepts: ", absl::StrJoin(kOptions, ", ")));
-    }
-  }
-  if (!spec.spec.empty()) {
-    return MakeError(absl::StatusCode::kInvalidArgument, 0,
-                     absl::StrCat("unet takes no spec, got 'unet:", spec.spec, "'"),
-                     "write 'unet' or 'unet?option=value'");
-  }
-  Settings s;
-  auto num = [&](const char* opt, const char* key, uint32_t* out) -> absl::Status {
-    auto v = value(opt, key);
-    if (!v.ok()) return v.status();
-    auto n = Config::ParseNumber(key, *v);
-    if (!n.ok()) return n.status();
-    *out = static_cast<uint32_t>(*n);
-    return absl::OkStatus();
-  };
-  if (auto st = num("ring_entries", "unet_ring_entries", &s.ring_entries); !st.ok()) return st;
-  if (auto st = num("buffer_size", "unet_buffer_size", &s.buffer_size); !st.ok()) return st;
-  if (auto st = num("buffers", "unet_buffers", &s.nbuffers); !st.ok()) return st;
-  if (auto st = num("max_registrations", "unet_max_registrations", &s.key_slots); !st.ok()) return st;
-  for (auto [n, name] : {std::pair{s.ring_entries, "unet_ring_entries"},
-                         std::pair{s.nbuffers, "unet_buffers"}}) {
-    if ((n & (n - 1)) != 0) {
-      return MakeError(absl::StatusCode::kInvalidArgument, 0,
-                       absl::StrCat(name, "=", n, " is not a power of two"),
-                       "use 8, 16, 32, 64, ...");
-    }
-  }
-  auto cma = value("cma", "unet_cma");
-  if (!cma.ok()) return cma.status();
-  s.cma = absl::AsciiStrToLower(*cma) != "off";
-  s.connect_timeout = absl::Milliseconds(global->GetInt("connect_timeout_ms"));
-  return s;
-}
 
 class UnetFabric;
 class UnetEndpoint;
