@@ -44,7 +44,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "core/clock.h"
 #include "core/copy.h"
 #include "core/keyslot.h"
 #include "core/fd.h"
@@ -57,6 +56,8 @@
 #include "core/sockaddr.h"
 #include "core/status.h"
 #include "providers/unet/handshake.h"
+#include "providers/unet/liveness.h"
+#include "providers/unet/local_registrations.h"
 #include "providers/unet/os.h"
 #include "providers/unet/segment.h"
 #include "providers/unet/settings.h"
@@ -69,25 +70,11 @@ constexpr size_t kMaxMessage = size_t{1} << 30;
 // keeps the per-message path free of heap allocations.
 using Completions = absl::InlinedVector<Completion, 4>;
 
-constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
-
 class UnetFabric;
 class UnetEndpoint;
 Endpoint* AsEndpoint(UnetEndpoint* ep);  // (defined where UnetEndpoint is complete)
 
 // ------------------------------------------------------------ registrations
-
-// The fabric's own record of a registration. The key table in shared memory
-// is what peers check before direct access, and a peer can write it; the
-// decisions this process makes (emulated accesses on its memory) use only
-// this private copy.
-struct PrivateSlot {
-  std::atomic<uint32_t> gen{0};     // odd while live
-  std::atomic<uint32_t> active{0};  // local emulated accesses in progress
-  uint64_t addr = 0;
-  uint64_t len = 0;
-  uint32_t access = 0;
-};
 
 class UnetRegion final : public MemoryRegion {
  public:
@@ -217,7 +204,7 @@ class UnetCq final : public CompletionQueue {
     uint64_t v;
     ssize_t rc = ::read(event_.get(), &v, sizeof(v));
     (void)rc;  // EAGAIN: woken by something else
-    check_liveness_.store(true, std::memory_order_relaxed);
+    liveness_.Request();
   }
 
  private:
@@ -273,8 +260,7 @@ class UnetCq final : public CompletionQueue {
   std::vector<UnetEndpoint*> by_slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<UnetEndpoint*> unslotted_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> check_liveness_{false};
-  std::atomic<int64_t> last_liveness_ns_{0};
+  LivenessTicker liveness_;
   // The endpoints whose socket or pidfd is readable (a peer's message on
   // the socket, its end, or its exit): only they are looked at on a
   // wake-up or liveness tick, not every endpoint with three system calls
@@ -331,22 +317,13 @@ class UnetFabric final : public Fabric {
   void DetachEndpoint(UnetEndpoint* ep);
   void ForgetShared(uint32_t id);
 
-  void ReleaseSlot(uint32_t slot) {
-    MutexLock lock(&mu_);
-    free_slots_.push_back(slot);
-  }
+  void ReleaseSlot(uint32_t slot) { local_.Release(slot); }
 
   absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len, uint32_t access,
                            absl::FunctionRef<void(void*)> fn) override {
     uint32_t slot, gen;
-    if (!DecodeKey(rkey, &slot, &gen) || slot >= settings_.key_slots || (gen & 1) == 0) {
-      return RemoteKeyError("the key is malformed", addr, len);
-    }
-    PrivateSlot& p = own_[slot];
-    if (absl::Status st = PinKeySlot(&p, gen, addr, len, access); !st.ok()) return st;
-    fn(reinterpret_cast<void*>(addr));
-    UnpinKeySlot(&p);
-    return absl::OkStatus();
+    if (!DecodeKey(rkey, &slot, &gen)) return RemoteKeyError("the key is malformed", addr, len);
+    return local_.Access(slot, gen, addr, len, access, fn);
   }
 
   absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override {
@@ -367,7 +344,8 @@ class UnetFabric final : public Fabric {
 
  private:
   UnetFabric(const FabricSpec& spec, const Settings& s, Fd key_fd, Mapping key_map)
-      : settings_(s), key_fd_(std::move(key_fd)), key_map_(std::move(key_map)) {
+      : settings_(s), key_fd_(std::move(key_fd)), key_map_(std::move(key_map)),
+        local_(s.key_slots) {
     caps_.provider = "unet";
     caps_.spec = spec.ToString();
     caps_.send_recv = Support::kNative;
@@ -399,8 +377,6 @@ class UnetFabric final : public Fabric {
     caps_.notes.push_back(
         "atomics: CPU atomics on memory from AllocateRegistered (a shared segment; no "
         "target progress needed), otherwise executed by the target's progress engine");
-    own_ = std::make_unique<PrivateSlot[]>(settings_.key_slots);
-    for (uint32_t i = settings_.key_slots; i > 0; --i) free_slots_.push_back(i - 1);
   }
 
   friend class UnetSharedRegion;
@@ -411,25 +387,12 @@ class UnetFabric final : public Fabric {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                        "cannot register an empty or null range", "register at least one byte");
     }
-    uint32_t slot;
-    {
-      MutexLock lock(&mu_);
-      if (free_slots_.empty()) {
-        return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
-                         absl::StrCat("all ", settings_.key_slots, " unet registrations are in use"),
-                         "release registrations, or raise unet_max_registrations "
-                         "(the registration cache evicts unused ones)");
-      }
-      slot = free_slots_.back();
-      free_slots_.pop_back();
-    }
-    PrivateSlot* own = &own_[slot];
-    own->addr = reinterpret_cast<uint64_t>(addr);
-    own->len = len;
-    own->access = access;
+    auto taken = local_.Take();
+    if (!taken.ok()) return taken.status();
+    const uint32_t slot = *taken;
     // Generations come from the private record: peers can write the shared one.
-    uint32_t gen = own->gen.load(std::memory_order_relaxed) + 1;  // even -> odd: live
-    own->gen.store(gen, std::memory_order_release);
+    const uint32_t gen = local_.Activate(slot, reinterpret_cast<uint64_t>(addr), len, access);
+    PrivateSlot* own = local_.slot(slot);
     KeySlot* e = &key_table()[slot];
     e->addr = own->addr;
     e->len = len;
@@ -450,9 +413,7 @@ class UnetFabric final : public Fabric {
   Settings settings_;
   Fd key_fd_;
   Mapping key_map_;
-  std::unique_ptr<PrivateSlot[]> own_;
-  Mutex mu_;
-  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  LocalRegistrations local_;
   Mutex ep_mu_;
   std::vector<std::pair<UnetEndpoint*, int>> endpoints_ ABSL_GUARDED_BY(ep_mu_);
   std::vector<SharedSeg> shared_ ABSL_GUARDED_BY(ep_mu_);
@@ -1456,15 +1417,7 @@ void UnetCq::Detach(UnetEndpoint* ep, uint32_t slot, int watch_fd, int pidfd) {
 }
 
 size_t UnetCq::Progress() {
-  // A plain load first: a busy poll costs no read-modify-write here.
-  bool check = check_liveness_.load(std::memory_order_relaxed) &&
-               check_liveness_.exchange(false, std::memory_order_relaxed);
-  // The liveness interval is milliseconds: tick precision is plenty.
-  const int64_t now = CoarseNowNs();
-  if (now - last_liveness_ns_.load(std::memory_order_relaxed) > kLivenessIntervalNs) {
-    last_liveness_ns_.store(now, std::memory_order_relaxed);
-    check = true;
-  }
+  const bool check = liveness_.Due();
   MutexLock lock(&mu_);
   // Per endpoint its socket and pidfd, then the two eventfds.
   if (check) ready_.Collect(epoll_.get(), 2 * endpoints_.size() + 2);
