@@ -24,6 +24,8 @@ namespace zsock::unet {
 inline constexpr uint64_t kSegmentMagic = 0x31746e756b63737aull;  // "zsckunt1"
 inline constexpr uint32_t kVersion = 2;  // 2: the CQ bell (CqBell)
 inline constexpr size_t kInline = 96;
+// The largest message: what a first descriptor's `total` may announce.
+inline constexpr size_t kMaxMessage = size_t{1} << 30;
 inline constexpr uint32_t kControlBuffers = 4;
 
 enum DescType : uint8_t { kUserMsg = 1, kControlMsg = 2 };
