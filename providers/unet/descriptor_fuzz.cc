@@ -52,7 +52,7 @@ class Bytes {
 class Receiver {
  public:
   Receiver(const SegmentLayout& l, size_t recv_size)
-      : l_(l), rx_(l.total), tx_(l.total), recv_size_(recv_size) {}
+      : l_(l), rx_(l.total), recv_size_(recv_size) {}
 
   bool abandoned() const { return abandoned_; }
 
@@ -85,7 +85,8 @@ class Receiver {
       abandoned_ = true;
       return;
     }
-    std::memset(tx_.get() + BufferOffset(l_, idx), 0xa5, l_.buffer_size);
+    if (tx_ == nullptr) tx_ = std::make_unique<Bytes>(l_.total);
+    std::memset(tx_->get() + BufferOffset(l_, idx), 0xa5, l_.buffer_size);
   }
 
  private:
@@ -141,7 +142,7 @@ class Receiver {
 
   const SegmentLayout l_;
   Bytes rx_;  // our segment: the peer writes its rings and buffers
-  Bytes tx_;  // the peer's segment: we write its buffers
+  std::unique_ptr<Bytes> tx_;  // the peer's segment: we write its buffers
   const size_t recv_size_;
   std::unique_ptr<uint8_t[]> recv_;
   Incoming user_in_, ctl_in_;

@@ -147,7 +147,7 @@ TEST(DescriptorFuzz, EveryByteOfEverySeedMutated) {
   for (const auto& h : HostileInputs()) seeds.push_back(h.input);
   for (const auto& seed : seeds) {
     for (size_t i = 0; i < seed.size(); ++i) {
-      for (int v : {0x00, 0x01, 0x07, 0x08, 0x0b, 0x0c, 0x7f, 0x80, 0xff}) {
+      for (int v : {0x00, 0x01, 0x08, 0x80, 0xff}) {
         std::string s = seed;
         s[i] = static_cast<char>(v);
         Accepted(s);
@@ -160,7 +160,7 @@ TEST(DescriptorFuzz, EveryByteOfEverySeedMutated) {
 TEST(DescriptorFuzz, RandomInputs) {
   std::mt19937_64 rng(20261129);
   auto seeds = SampleFuzzInputs();
-  for (int i = 0; i < 50000; ++i) {
+  for (int i = 0; i < 30000; ++i) {
     std::string s;
     if (i % 2 == 0) {
       s = seeds[rng() % seeds.size()];
