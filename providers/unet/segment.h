@@ -24,6 +24,8 @@ namespace zsock::unet {
 inline constexpr uint64_t kSegmentMagic = 0x31746e756b63737aull;  // "zsckunt1"
 inline constexpr uint32_t kVersion = 2;  // 2: the CQ bell (CqBell)
 inline constexpr size_t kInline = 96;
+// The largest message: what a first descriptor's `total` may announce.
+inline constexpr size_t kMaxMessage = size_t{1} << 30;
 inline constexpr uint32_t kControlBuffers = 4;
 
 enum DescType : uint8_t { kUserMsg = 1, kControlMsg = 2 };
@@ -154,6 +156,20 @@ struct SegmentLayout {
     return l;
   }
 };
+
+// Whether a hello's segment parameters are ones unet accepts: ring entries
+// and user buffers powers of two from 8 to 65536, buffers of 4 KiB to
+// 16 MiB, 1 to 2^20 key slots, a bell slot in range (or none), and a
+// segment_size equal to what they lay out. A peer's segment is mapped and
+// addressed only after this (and SegmentLayout::For cannot overflow then).
+inline bool ValidHelloParams(const Hello& h) {
+  const uint32_t re = h.ring_entries, nb = h.nbuffers;
+  return re >= 8 && re <= 65536 && (re & (re - 1)) == 0 && nb >= 8 && nb <= 65536 &&
+         (nb & (nb - 1)) == 0 && h.buffer_size >= 4096 && h.buffer_size <= (16u << 20) &&
+         h.key_slots != 0 && h.key_slots <= (1u << 20) &&
+         (h.bell_slot < kBellSlots || h.bell_slot == kNoBellSlot) &&
+         h.segment_size == SegmentLayout::For(re, h.buffer_size, nb).total;
+}
 
 // One registration in a fabric's key table (a memfd every peer maps).
 // gen is odd while the registration is live; Revoke makes it even and waits
