@@ -12,6 +12,7 @@
 #include <new>
 #include <utility>
 
+#include "core/clock.h"
 #include "core/status.h"
 #include "providers/unet/endpoint.h"
 
@@ -131,7 +132,7 @@ bool UnetCq::VisitBellLocked(bool clear, Fn fn) {
 }
 
 size_t UnetCq::Progress() {
-  const bool check = liveness_.Due();
+  const bool check = liveness_.Due(CoarseNowNs());
   MutexLock lock(&mu_);
   // Per endpoint its socket and pidfd, then the two eventfds.
   if (check) ready_.Collect(epoll_.get(), 2 * endpoints_.size() + 2);

@@ -20,10 +20,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "core/fd.h"
+#include "core/liveness.h"
 #include "core/mutex.h"
 #include "core/provider.h"
 #include "core/ready_owners.h"
-#include "providers/unet/liveness.h"
 #include "providers/unet/os.h"
 #include "providers/unet/segment.h"
 
@@ -95,7 +95,9 @@ class UnetCq final : public CompletionQueue {
   std::vector<UnetEndpoint*> by_slot_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<UnetEndpoint*> unslotted_ ABSL_GUARDED_BY(mu_);
-  LivenessTicker liveness_;
+  // Dead-peer looks: on a wake-up, and at least every 20 ms when polled
+  // without sleeping (a look costs system calls).
+  LivenessTicker liveness_{20 * 1000 * 1000};
   // The endpoints whose socket or pidfd is readable (a peer's message on
   // the socket, its end, or its exit): only they are looked at on a
   // wake-up or liveness tick, not every endpoint with three system calls

@@ -30,12 +30,12 @@ namespace {
 // must UnpinKeySlot.
 absl::Status PinKey(KeySlot* table, uint32_t slots, const RemoteKey& key, uint64_t addr,
                     size_t len, uint32_t access, KeySlot** pinned) {
-  uint32_t slot, gen;
-  if (!DecodeKey(key, &slot, &gen) || slot >= slots || (gen & 1) == 0) {
+  LocalKeyTable::Key k;
+  if (!DecodeKey(key, &k) || k.slot >= slots || (k.gen & 1) == 0) {
     return RemoteKeyError("the key is malformed", addr, len);
   }
-  if (absl::Status st = PinKeySlot(&table[slot], gen, addr, len, access); !st.ok()) return st;
-  *pinned = &table[slot];
+  if (absl::Status st = PinKeySlot(&table[k.slot], k.gen, addr, len, access); !st.ok()) return st;
+  *pinned = &table[k.slot];
   return absl::OkStatus();
 }
 

@@ -135,9 +135,9 @@ UnetFabric::UnetFabric(const FabricSpec& spec, const Settings& s, Fd key_fd, Map
 
 absl::Status UnetFabric::AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len,
                                      uint32_t access, absl::FunctionRef<void(void*)> fn) {
-  uint32_t slot, gen;
-  if (!DecodeKey(rkey, &slot, &gen)) return RemoteKeyError("the key is malformed", addr, len);
-  return local_.Access(slot, gen, addr, len, access, fn);
+  LocalKeyTable::Key key;
+  if (!DecodeKey(rkey, &key)) return RemoteKeyError("the key is malformed", addr, len);
+  return local_.Access(key, addr, len, access, fn);
 }
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> UnetFabric::CreateCq() {

@@ -34,7 +34,7 @@
 #include "core/fd.h"
 #include "core/mutex.h"
 #include "core/provider.h"
-#include "providers/unet/local_registrations.h"
+#include "core/local_keys.h"
 #include "providers/unet/os.h"
 #include "providers/unet/regions.h"
 #include "providers/unet/segment.h"
@@ -73,7 +73,7 @@ class UnetFabric final : public Fabric {
   void AttachEndpoint(UnetEndpoint* ep, int sock);
   void DetachEndpoint(UnetEndpoint* ep);
   void ForgetShared(uint32_t id);
-  void ReleaseSlot(uint32_t slot) { local_.Release(slot); }
+  LocalKeyTable& local_keys() { return local_; }
 
   absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len, uint32_t access,
                            absl::FunctionRef<void(void*)> fn) override;
@@ -107,7 +107,7 @@ class UnetFabric final : public Fabric {
   Settings settings_;
   Fd key_fd_;
   Mapping key_map_;
-  LocalRegistrations local_;
+  LocalKeyTable local_;
   Mutex ep_mu_;
   std::vector<std::pair<UnetEndpoint*, int>> endpoints_ ABSL_GUARDED_BY(ep_mu_);
   std::vector<SharedSeg> shared_ ABSL_GUARDED_BY(ep_mu_);

@@ -21,9 +21,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/cq_cast.h"
 #include "core/log.h"
 #include "core/status.h"
-#include "providers/unet/cq_downcast.h"
 #include "providers/unet/endpoint.h"
 #include "providers/unet/fabric.h"
 #include "providers/unet/os.h"
@@ -203,7 +203,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UnetFabric::Handshake(Fd sock, std::st
                                                                 std::string peer,
                                                                 CompletionQueue* cq,
                                                                 absl::Time deadline) {
-  auto ucq = AsUnetCq(cq);
+  auto ucq = CqOf<UnetCq>(cq, "unet");
   if (!ucq.ok()) return ucq.status();
   int on = 1;
   if (::setsockopt(sock.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) != 0) {

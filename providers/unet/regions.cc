@@ -7,8 +7,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -19,7 +21,7 @@ namespace zsock::unet {
 
 UnetRegion::~UnetRegion() {
   Revoke();
-  fabric_->ReleaseSlot(slot_);
+  fabric_->local_keys().Remove(key_);
 }
 
 RemoteKey UnetRegion::remote_key() const {
@@ -27,21 +29,17 @@ RemoteKey UnetRegion::remote_key() const {
   key.addr = reinterpret_cast<uint64_t>(addr());
   key.length = length();
   key.access = access();
-  key.blob.resize(8);
-  std::memcpy(key.blob.data(), &slot_, 4);
-  std::memcpy(key.blob.data() + 4, &gen_, 4);
+  key.blob.resize(LocalKeyTable::kEncodedSize);
+  LocalKeyTable::Encode(key_, key.blob.data());
   return key;
 }
 
 void UnetRegion::Revoke() noexcept {
-  uint32_t expected = gen_;
   // Only the first revocation acts (the private generation decides).
-  if (!own_->gen.compare_exchange_strong(expected, gen_ + 1, std::memory_order_seq_cst)) {
-    return;
-  }
-  entry_->gen.store(gen_ + 1, std::memory_order_seq_cst);  // peers stop here
-  // Local emulated accesses are short copies: wait for them.
-  while (own_->active.load(std::memory_order_seq_cst) != 0) sched_yield();
+  LocalKeyTable& local = fabric_->local_keys();
+  if (!local.BeginRevoke(key_)) return;
+  entry_->gen.store(key_.gen + 1, std::memory_order_seq_cst);  // peers stop here
+  local.AwaitAccesses(key_);
   // Peers inside a direct access: wait at most one second, since a peer
   // killed mid-access (or a hostile one) would otherwise hold us forever.
   const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
@@ -79,19 +77,22 @@ absl::StatusOr<std::unique_ptr<UnetRegion>> UnetFabric::RegisterSlot(void* addr,
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                      "cannot register an empty or null range", "register at least one byte");
   }
-  auto slot = local_.Take();
-  if (!slot.ok()) return slot.status();
   // Generations come from the private record: peers can write the shared one.
   const uint64_t base = reinterpret_cast<uint64_t>(addr);
-  const uint32_t gen = local_.Activate(*slot, base, len, access);
-  KeySlot* e = &key_table()[*slot];
+  std::optional<LocalKeyTable::Key> key = local_.Add(base, len, access);
+  if (!key.has_value()) {
+    return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
+                     absl::StrCat("all ", local_.capacity(), " unet registrations are in use"),
+                     "release registrations, or raise unet_max_registrations "
+                     "(the registration cache evicts unused ones)");
+  }
+  KeySlot* e = &key_table()[key->slot];
   e->addr = base;
   e->len = len;
   e->access = access;
   e->shm_id = shm_id;
-  e->gen.store(gen, std::memory_order_release);
-  return std::make_unique<UnetRegion>(this, addr, len, access, *slot, gen, e,
-                                      local_.slot(*slot));
+  e->gen.store(key->gen, std::memory_order_release);
+  return std::make_unique<UnetRegion>(this, addr, len, access, *key, e);
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> UnetFabric::AllocateShared(size_t len,

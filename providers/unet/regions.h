@@ -1,7 +1,7 @@
 // unet's memory registrations. A registration takes one slot of the
 // fabric's key table (KeySlot, segment.h: shared with peers, who check it
 // before a direct access) and the same slot of its private record
-// (local_registrations.h); its remote key's blob names the slot and the
+// (core/local_keys.h); its remote key's blob names the slot and the
 // registration's generation. Revoking makes both generations even and
 // waits until no access is inside.
 //
@@ -18,7 +18,7 @@
 
 #include "core/fd.h"
 #include "core/provider.h"
-#include "providers/unet/local_registrations.h"
+#include "core/local_keys.h"
 #include "providers/unet/os.h"
 #include "providers/unet/segment.h"
 
@@ -28,19 +28,17 @@ class UnetFabric;
 
 // The slot and generation a remote key's blob names; false when the blob
 // is not a unet key.
-inline bool DecodeKey(const RemoteKey& key, uint32_t* slot, uint32_t* gen) {
-  if (key.blob.size() != 8) return false;
-  std::memcpy(slot, key.blob.data(), 4);
-  std::memcpy(gen, key.blob.data() + 4, 4);
+inline bool DecodeKey(const RemoteKey& key, LocalKeyTable::Key* out) {
+  if (key.blob.size() != LocalKeyTable::kEncodedSize) return false;
+  *out = LocalKeyTable::Decode(key.blob.data());
   return true;
 }
 
 class UnetRegion final : public MemoryRegion {
  public:
-  UnetRegion(UnetFabric* fabric, void* addr, size_t len, uint32_t access, uint32_t slot,
-             uint32_t gen, KeySlot* entry, PrivateSlot* own)
-      : MemoryRegion(addr, len, access), fabric_(fabric), slot_(slot), gen_(gen), entry_(entry),
-        own_(own) {}
+  UnetRegion(UnetFabric* fabric, void* addr, size_t len, uint32_t access, LocalKeyTable::Key key,
+             KeySlot* entry)
+      : MemoryRegion(addr, len, access), fabric_(fabric), key_(key), entry_(entry) {}
   ~UnetRegion() override;
 
   RemoteKey remote_key() const override;
@@ -48,10 +46,8 @@ class UnetRegion final : public MemoryRegion {
 
  private:
   UnetFabric* fabric_;
-  uint32_t slot_;
-  uint32_t gen_;
-  KeySlot* entry_;
-  PrivateSlot* own_;
+  LocalKeyTable::Key key_;
+  KeySlot* entry_;  // the shared key table's slot (peers check it)
 };
 
 // Registered memory in a shared segment (memfd) that every peer maps.
