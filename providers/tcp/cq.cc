@@ -13,7 +13,9 @@ namespace zsock::tcp {
 
 absl::StatusOr<std::unique_ptr<TcpCq>> TcpCq::Create(TcpFabric* fabric) {
   Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll) return ErrnoError(errno, "epoll_create1 for a tcp CQ failed", "raise the fd limit (ulimit -n)");
+  if (!epoll) {
+    return ErrnoError(errno, "epoll_create1 for a tcp CQ failed", "raise the fd limit (ulimit -n)");
+  }
   auto cq = std::unique_ptr<TcpCq>(new TcpCq(fabric, std::move(epoll)));
   if (cq->Control(EPOLL_CTL_ADD, cq->wake_fd(), EPOLLIN, nullptr) != 0) {
     return ErrnoError(errno, "adding the wake fd to a tcp CQ's epoll set failed");

@@ -40,8 +40,8 @@ struct OutFrame {
   FrameHeader h;
   const uint8_t* data;  // the payload: the caller's buffer, or `copy`
   uint64_t context;
-  bool report;          // a completion follows (not for control frames or injected sends)
-  size_t sent = 0;      // bytes of header and payload the kernel took
+  bool report;      // a completion follows (not for control frames or injected sends)
+  size_t sent = 0;  // bytes of header and payload the kernel took
   std::vector<uint8_t> copy;
   size_t size() const { return kHeaderSize + h.length; }
 };
@@ -69,7 +69,10 @@ struct Incoming {
 class TcpEndpoint final : public Endpoint {
  public:
   TcpEndpoint(TcpFabric* fabric, TcpCq* cq, Fd sock, EndpointInfo info)
-      : Endpoint(fabric, cq), tcq_(cq), sock_(std::move(sock)), info_(std::move(info)),
+      : Endpoint(fabric, cq),
+        tcq_(cq),
+        sock_(std::move(sock)),
+        info_(std::move(info)),
         buf_(kReadChunk) {}
   ~TcpEndpoint() override {
     Close();
@@ -155,21 +158,20 @@ size_t OnReady(TcpEndpoint* ep, uint32_t events) { return ep->Ready(events); }
 
 // ---------------------------------------------------------------- sending
 
-absl::Status TcpEndpoint::Enqueue(uint8_t kind, const uint8_t* data, size_t len,
-                                  uint64_t context) {
+absl::Status TcpEndpoint::Enqueue(uint8_t kind, const uint8_t* data, size_t len, uint64_t context) {
   const bool inject = kind == kUserFrame && context == kInjectContext;
   if (len > (inject ? kInjectSize : kMaxMessage)) {
-    return MakeError(absl::StatusCode::kInvalidArgument, EMSGSIZE,
-                     absl::StrCat("a ", inject ? "injected " : "", "send of ", len,
-                                  " bytes exceeds tcp's ", inject ? "inject_size " : "max_msg_size ",
-                                  inject ? kInjectSize : kMaxMessage),
-                     "send less at a time");
+    return MakeError(
+        absl::StatusCode::kInvalidArgument, EMSGSIZE,
+        absl::StrCat("a ", inject ? "injected " : "", "send of ", len, " bytes exceeds tcp's ",
+                     inject ? "inject_size " : "max_msg_size ", inject ? kInjectSize : kMaxMessage),
+        "send less at a time");
   }
   MutexLock lock(&mu_);
   if (!failed_.ok()) return failed_;
   const bool idle = out_.empty();
-  out_.push_back(OutFrame{{static_cast<uint32_t>(len), kind, {}}, data, context,
-                          kind == kUserFrame && !inject});
+  out_.push_back(OutFrame{
+      {static_cast<uint32_t>(len), kind, {}}, data, context, kind == kUserFrame && !inject});
   if (idle) WriteLocked();  // else it waits behind the others
   // Still queued (then it is the last): a copy, unless the caller keeps
   // its buffer until the completion.
@@ -189,9 +191,13 @@ void TcpEndpoint::WriteLocked() {
       const OutFrame& f = out_[i];
       want += f.size() - f.sent;
       auto* h = reinterpret_cast<const uint8_t*>(&f.h);
-      if (f.sent < kHeaderSize) iov[n_iov++] = {const_cast<uint8_t*>(h + f.sent), kHeaderSize - f.sent};
+      if (f.sent < kHeaderSize) {
+        iov[n_iov++] = {const_cast<uint8_t*>(h + f.sent), kHeaderSize - f.sent};
+      }
       const size_t done = f.sent > kHeaderSize ? f.sent - kHeaderSize : 0;
-      if (f.h.length > done) iov[n_iov++] = {const_cast<uint8_t*>(f.data + done), f.h.length - done};
+      if (f.h.length > done) {
+        iov[n_iov++] = {const_cast<uint8_t*>(f.data + done), f.h.length - done};
+      }
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -271,7 +277,8 @@ void TcpEndpoint::ReadLocked(ControlList* control) {
   if (n < 0) return FailLocked(Ended(errno, " while receiving"));
   if (n == 0) {  // the peer's end; after a failed send, that send's errno says more
     const bool mid = in_.h.kind != 0 || tail_ > 0;
-    return FailLocked(Ended(write_errno_, mid ? " in the middle of a message" : ""));
+    return FailLocked(
+        Ended(write_errno_, mid ? " in the middle of a message" : ": the peer closed it"));
   }
   tail_ += static_cast<size_t>(n);
   ParseLocked(control);

@@ -78,8 +78,7 @@ class TcpRegion final : public MemoryRegion {
 
 }  // namespace
 
-TcpFabric::TcpFabric(Settings settings)
-    : settings_(std::move(settings)), keys_(kMaxRegistrations) {
+TcpFabric::TcpFabric(Settings settings) : settings_(std::move(settings)), keys_(kMaxRegistrations) {
   caps_.provider = "tcp";  // send_recv kNative, registration_required false, wait_fd true
   caps_.rdma_read = caps_.rdma_write = caps_.atomics = Support::kEmulated;
   caps_.atomics_allocated = caps_.rma_allocated = Support::kEmulated;
@@ -114,10 +113,10 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> TcpFabric::RegisterMemory(void* ad
 absl::Status TcpFabric::AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len,
                                     uint32_t access, absl::FunctionRef<void(void*)> fn) {
   if (rkey.blob.size() != LocalKeyTable::kEncodedSize) {
-    return MakeError(absl::StatusCode::kPermissionDenied, EACCES,
-                     absl::StrCat("a remote key with ", rkey.blob.size(),
-                                  " key bytes is not a tcp key"),
-                     "pass keys from remote_key() of this fabric's regions");
+    return MakeError(
+        absl::StatusCode::kPermissionDenied, EACCES,
+        absl::StrCat("a remote key with ", rkey.blob.size(), " key bytes is not a tcp key"),
+        "pass keys from remote_key() of this fabric's regions");
   }
   return keys_.Access(LocalKeyTable::Decode(rkey.blob.data()), addr, len, access, fn);
 }

@@ -82,8 +82,8 @@ class TcpFabric final : public Fabric {
   const Settings& settings() const { return settings_; }
   // A connected socket's set-up: the hello both ways before `deadline`,
   // then the endpoint on `cq`. `active`: we connected, and speak first.
-  absl::StatusOr<std::unique_ptr<Endpoint>> Handshake(Fd sock, const SocketAddress& peer,
-                                                      TcpCq* cq, absl::Time deadline, bool active);
+  absl::StatusOr<std::unique_ptr<Endpoint>> Handshake(Fd sock, const SocketAddress& peer, TcpCq* cq,
+                                                      absl::Time deadline, bool active);
 
  private:
   explicit TcpFabric(Settings settings);
