@@ -51,7 +51,7 @@ class TcpListener final : public Listener {
     auto peer = SocketAddress::FromSockaddr(reinterpret_cast<sockaddr*>(&from), sizeof(from));
     if (!peer.ok()) return peer.status();
     return fabric_->Handshake(std::move(*conn), *peer, *tcq,
-                              absl::Now() + fabric_->settings().connect_timeout, false);
+                              absl::Now() + fabric_->settings().connect_timeout, /*active=*/false);
   }
 
  private:
@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> TcpFabric::Connect(absl::string_view a
     return ErrnoError(err, absl::StrCat("connecting to tcp address ", address, " failed"),
                       CheckListener(address));
   }
-  return Handshake(std::move(*sock), *to, *tcq, deadline, true);
+  return Handshake(std::move(*sock), *to, *tcq, deadline, /*active=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> TcpFabric::Handshake(Fd sock, const SocketAddress& peer,

@@ -35,7 +35,8 @@ namespace zsock::tcp {
 static_assert(std::endian::native == std::endian::little, "the tcp wire format is little-endian");
 
 // The hello: one BootstrapIo frame each way at connect, type kHelloMagic,
-// payload kVersion as a u32. The connecting side speaks first.
+// payload kVersion as a u32. Each side sends its own, then reads the
+// other's.
 inline constexpr uint32_t kHelloMagic = 0x5054535a;  // "ZSTP"
 inline constexpr uint32_t kVersion = 1;
 
@@ -81,7 +82,8 @@ class TcpFabric final : public Fabric {
 
   const Settings& settings() const { return settings_; }
   // A connected socket's set-up: the hello both ways before `deadline`,
-  // then the endpoint on `cq`. `active`: we connected, and speak first.
+  // then the endpoint on `cq`. `active`: we connected (errors advise on
+  // the address we connected to).
   absl::StatusOr<std::unique_ptr<Endpoint>> Handshake(Fd sock, const SocketAddress& peer, TcpCq* cq,
                                                       absl::Time deadline, bool active);
 
