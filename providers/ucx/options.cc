@@ -264,20 +264,21 @@ const std::vector<std::string>& AvailableTransports() {
   return Catalog::Get().transports();
 }
 
-absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
-  const auto& global = Config::Global();
-  if (!global.ok()) return global.status();
-  Settings s;
-  s.connect_timeout = absl::Milliseconds(global->GetInt("connect_timeout_ms"));
-  s.tls = absl::AsciiStrToLower(spec.spec.empty() ? std::string("all") : spec.spec);
-  if (s.tls.find('^') != std::string::npos) {
+namespace {
+
+// The transports of `spec` into s->tls, s->requested and the flags that
+// follow from them.
+absl::Status ParseTransports(const FabricSpec& spec, Settings* s) {
+  s->tls = absl::AsciiStrToLower(spec.spec.empty() ? std::string("all") : spec.spec);
+  if (s->tls.find('^') != std::string::npos) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     absl::StrCat("ucx:", s.tls, ": excluding transports with '^' is not supported"),
+                     absl::StrCat("ucx:", s->tls,
+                                  ": excluding transports with '^' is not supported"),
                      "name the transports to use, e.g. ucx:posix,cma or ucx:tcp");
   }
   const auto& available = AvailableTransports();
-  s.same_host_only = true;
-  for (absl::string_view item : absl::StrSplit(s.tls, ',')) {
+  s->same_host_only = true;
+  for (absl::string_view item : absl::StrSplit(s->tls, ',')) {
     std::string name(absl::StripAsciiWhitespace(item));
     if (name.empty()) {
       return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
@@ -293,13 +294,65 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
                                     absl::StrJoin(available, ","),
                                     " (or all, sm, shm, mm); ucx_info -d describes them"));
     }
-    s.same_host_only &= In(name, kSameHost);
-    s.has_mm |= In(name, kMm);
-    s.has_cma |= (name == "cma" || name == "sm" || name == "shm" || name == "all");
-    s.requested.push_back(name);
+    s->same_host_only &= In(name, kSameHost);
+    s->has_mm |= In(name, kMm);
+    s->has_cma |= (name == "cma" || name == "sm" || name == "shm" || name == "all");
+    s->requested.push_back(name);
   }
-  s.tls = absl::StrJoin(s.requested, ",");
+  s->tls = absl::StrJoin(s->requested, ",");
+  return absl::OkStatus();
+}
 
+// One of zsock's own options (kZsockOptions); false if `k` is none of them.
+absl::StatusOr<bool> ApplyZsockOption(const std::string& k, const std::string& v, Settings* s) {
+  if (k == "fallback") {
+    if (v != "tcp" && v != "none") {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       absl::StrCat("ucx option fallback=", v, " is not tcp or none"),
+                       "fallback=tcp connects peers shared memory cannot reach over tcp; "
+                       "fallback=none fails such connections");
+    }
+    s->fallback_tcp = (v == "tcp");
+  } else if (k == "native_rma") {
+    auto b = Config::ParseBool("native_rma", v);
+    if (!b.ok()) return b.status();
+    s->native_rma = *b;
+  } else if (k == "max_registrations") {
+    auto n = Config::ParseNumber("max_registrations", v);
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > (1 << 20)) {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       absl::StrCat("ucx option max_registrations=", v, " is out of range"),
+                       "use 1 .. 1048576");
+    }
+    s->max_registrations = static_cast<size_t>(*n);
+  } else if (k == "flow_window") {
+    auto n = Config::ParseFlowWindow("ucx", v, "the peer's UCX");
+    if (!n.ok()) return n.status();
+    s->flow_window = *n;
+  } else if (k == "threads") {
+    if (v != "multi" && v != "serialized") {
+      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
+                       absl::StrCat("ucx option threads=", v, " is not multi or serialized"),
+                       "threads=multi (the default) lets any thread call at any time; "
+                       "threads=serialized promises one thread at a time and drops the "
+                       "worker's lock");
+    }
+    s->serialized = (v == "serialized");
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
+  const auto& global = Config::Global();
+  if (!global.ok()) return global.status();
+  Settings s;
+  s.connect_timeout = absl::Milliseconds(global->GetInt("connect_timeout_ms"));
+  if (auto st = ParseTransports(spec, &s); !st.ok()) return st;
   std::vector<std::string> unknown;
   for (const auto& [k, v] : spec.options) {
     if (absl::StartsWith(k, "UCX_")) {
@@ -307,43 +360,9 @@ absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
       s.ucx_options_text.push_back(absl::StrCat(k, "=", v));
       continue;
     }
-    if (k == "fallback") {
-      if (v != "tcp" && v != "none") {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ucx option fallback=", v, " is not tcp or none"),
-                         "fallback=tcp connects peers shared memory cannot reach over tcp; "
-                         "fallback=none fails such connections");
-      }
-      s.fallback_tcp = (v == "tcp");
-    } else if (k == "native_rma") {
-      auto b = Config::ParseBool("native_rma", v);
-      if (!b.ok()) return b.status();
-      s.native_rma = *b;
-    } else if (k == "max_registrations") {
-      auto n = Config::ParseNumber("max_registrations", v);
-      if (!n.ok()) return n.status();
-      if (*n < 1 || *n > (1 << 20)) {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ucx option max_registrations=", v, " is out of range"),
-                         "use 1 .. 1048576");
-      }
-      s.max_registrations = static_cast<size_t>(*n);
-    } else if (k == "flow_window") {
-      auto n = Config::ParseFlowWindow("ucx", v, "the peer's UCX");
-      if (!n.ok()) return n.status();
-      s.flow_window = *n;
-    } else if (k == "threads") {
-      if (v != "multi" && v != "serialized") {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ucx option threads=", v, " is not multi or serialized"),
-                         "threads=multi (the default) lets any thread call at any time; "
-                         "threads=serialized promises one thread at a time and drops the "
-                         "worker's lock");
-      }
-      s.serialized = (v == "serialized");
-    } else {
-      unknown.push_back(k);
-    }
+    auto known = ApplyZsockOption(k, v, &s);
+    if (!known.ok()) return known.status();
+    if (!*known) unknown.push_back(k);
   }
   if (!unknown.empty()) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
