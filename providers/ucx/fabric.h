@@ -35,7 +35,7 @@
 #include "providers/ucx/context.h"
 #include "providers/ucx/cq.h"
 #include "providers/ucx/key_table.h"
-#include "providers/ucx/local_key_table.h"
+#include "core/local_keys.h"
 #include "providers/ucx/options.h"
 #include "providers/ucx/worker.h"
 
@@ -110,11 +110,11 @@ class UcxFabric final : public Fabric {
   // The primary context has RMA/atomics and a key table in shared memory.
   bool native() const { return native_; }
   const KeySlot* key_table() const { return table_; }
-  size_t key_slots() const { return local_.size(); }
+  size_t key_slots() const { return local_->capacity(); }
   const std::string& table_rkey() const { return table_rkey_; }
 
   // ---- for regions ----
-  void ReleaseSlot(uint32_t slot) { local_.Give(slot); }
+  LocalKeyTable& local_keys() { return *local_; }
   void UnmapMemory(ucp_mem_h memh) {
     MutexLock lock(&ctx_mu_);
     ucp_mem_unmap(primary_ctx_->handle(), memh);
@@ -148,7 +148,8 @@ class UcxFabric final : public Fabric {
 
   // Key table: in shared memory (ucp_mem_map ALLOCATE) when native_.
   KeySlot* table_ = nullptr;
-  LocalKeyTable local_;  // the private records, one per slot
+  // The private records, one per slot of table_ (InitTable).
+  std::unique_ptr<LocalKeyTable> local_;
   ucp_mem_h table_memh_ = nullptr;
   size_t table_map_len_ = 0;  // when mmap'ed instead
   std::string table_rkey_;

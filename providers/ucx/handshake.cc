@@ -12,9 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/cq_cast.h"
 #include "core/log.h"
 #include "core/status.h"
-#include "providers/ucx/cq_downcast.h"
+#include "providers/ucx/cq.h"
 #include "providers/ucx/endpoint.h"
 #include "providers/ucx/fabric.h"
 #include "providers/ucx/hello.h"
@@ -329,7 +330,7 @@ void Handshaker::MapPeerTable() {
 
 absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Handshake(Fd sock, CompletionQueue* cq,
                                                               absl::Time deadline) {
-  auto ucq = UcxCqOf(cq, this);
+  auto ucq = CqOf<UcxCq>(cq, "ucx", this);
   if (!ucq.ok()) return ucq.status();
   return Handshaker(this, *ucq, std::move(sock), deadline).Run();
 }

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "providers/ucx/bootstrap_io.h"
 
 namespace zsock::ucx {
 namespace {
@@ -15,25 +14,20 @@ constexpr size_t kMaxWireField = 64 * 1024;
 
 }  // namespace
 
+BootstrapIo HandshakeIo(int fd, absl::Time deadline) {
+  return BootstrapIo(fd, deadline,
+                     {.peer = "the ucx peer",
+                      .fix = "check that the peer is a compatible zsock ucx endpoint and is not "
+                             "stuck; its log says if it rejected the connection (e.g. shared "
+                             "memory impossible and fallback=none)"});
+}
+
 absl::Status SendFrame(int fd, FrameType type, absl::string_view payload, absl::Time deadline) {
-  uint32_t head[2] = {type, static_cast<uint32_t>(payload.size())};
-  std::string buf(reinterpret_cast<const char*>(head), sizeof(head));
-  buf.append(payload.data(), payload.size());
-  return WriteAll(fd, buf.data(), buf.size(), deadline);
+  return HandshakeIo(fd, deadline).SendFrame(type, payload);
 }
 
 absl::StatusOr<std::string> RecvFrame(int fd, FrameType type, absl::Time deadline) {
-  uint32_t head[2];
-  if (auto st = ReadAll(fd, head, sizeof(head), deadline); !st.ok()) return st;
-  if (head[0] != type || head[1] > kMaxWireField) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     absl::StrCat("malformed ucx handshake frame (type ", head[0], ", ", head[1],
-                                  " bytes; expected type ", static_cast<uint32_t>(type), ")"),
-                     "the peer is not a compatible zsock ucx endpoint");
-  }
-  std::string payload(head[1], '\0');
-  if (auto st = ReadAll(fd, payload.data(), payload.size(), deadline); !st.ok()) return st;
-  return payload;
+  return HandshakeIo(fd, deadline).RecvFrame(type, kMaxWireField);
 }
 
 std::string Hello::Encode() const {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/bootstrap_io.h"
 
 namespace zsock::ucx {
 
@@ -22,6 +23,10 @@ inline constexpr uint16_t kWireVersion = 1;
 
 // Handshake frames: u32 type | u32 length | payload.
 enum FrameType : uint32_t { kHelloFrame = 1, kVerdictFrame = 2, kFallbackFrame = 3 };
+
+// The handshake's socket I/O (core/bootstrap_io.h), with errors that name
+// the ucx peer.
+BootstrapIo HandshakeIo(int fd, absl::Time deadline);
 
 absl::Status SendFrame(int fd, FrameType type, absl::string_view payload, absl::Time deadline);
 // A frame of `type`; FailedPrecondition for another type or an oversized one.

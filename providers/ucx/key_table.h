@@ -6,7 +6,7 @@
 // initiator pins the target's slot, checking the key against the target's
 // own record (unet's protocol, core/keyslot.h). Emulated accesses never
 // trust this table, which peers can write: the target checks them against
-// its private copy (local_key_table.h).
+// its private copy (core/local_keys.h).
 #ifndef ZSOCK_PROVIDERS_UCX_KEY_TABLE_H_
 #define ZSOCK_PROVIDERS_UCX_KEY_TABLE_H_
 

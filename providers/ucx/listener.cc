@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "core/accept.h"
 #include "core/status.h"
-#include "providers/ucx/bootstrap_io.h"
+#include "providers/ucx/hello.h"
 #include "providers/ucx/fabric.h"
 #include "providers/ucx/socket_address.h"
 
@@ -83,7 +83,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Connect(absl::string_view a
     if (::connect(fd, reinterpret_cast<sockaddr*>(&*sa), len) != 0) {
       err = errno;
       if (err == EINPROGRESS) {
-        if (auto st = WaitFd(fd, POLLOUT, deadline, "accept the connection"); !st.ok()) return st;
+        if (auto st = HandshakeIo(fd, deadline).Wait(POLLOUT, "accept the connection"); !st.ok()) {
+          return st;
+        }
         socklen_t elen = sizeof(err);
         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
       }

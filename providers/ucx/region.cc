@@ -23,7 +23,7 @@ namespace zsock::ucx {
 UcxRegion::~UcxRegion() {
   Revoke();
   if (memh_ != nullptr) fabric_->UnmapMemory(memh_);  // frees allocated memory
-  fabric_->ReleaseSlot(slot_);
+  fabric_->local_keys().Remove(key_);
 }
 
 RemoteKey UcxRegion::remote_key() const {
@@ -31,18 +31,16 @@ RemoteKey UcxRegion::remote_key() const {
   key.addr = reinterpret_cast<uint64_t>(addr());
   key.length = length();
   key.access = access();
-  EncodeBlob(flags_, slot_, gen_, &key);
+  EncodeBlob(flags_, key_.slot, key_.gen, &key);
   return key;
 }
 
 void UcxRegion::Revoke() noexcept {
-  uint32_t expected = gen_;
   // The private generation decides: peers may write the shared one.
-  if (!own_->gen.compare_exchange_strong(expected, gen_ + 1, std::memory_order_seq_cst)) {
-    return;  // already revoked
-  }
-  entry_->gen.store(gen_ + 1, std::memory_order_seq_cst);
-  while (own_->active.load(std::memory_order_seq_cst) != 0) sched_yield();
+  LocalKeyTable& local = fabric_->local_keys();
+  if (!local.BeginRevoke(key_)) return;  // already revoked
+  entry_->gen.store(key_.gen + 1, std::memory_order_seq_cst);
+  local.AwaitAccesses(key_);
   // Peers inside a native access: wait at most one second.
   const int64_t deadline = absl::GetCurrentTimeNanos() + 1000000000;
   while (entry_->active.load(std::memory_order_seq_cst) != 0 &&
@@ -92,7 +90,7 @@ absl::Status UcxFabric::InitTable() {
   for (size_t i = 0; i < slots; ++i) {
     new (&table_[i]) KeySlot{};
   }
-  local_.Init(slots);
+  local_ = std::make_unique<LocalKeyTable>(static_cast<uint32_t>(slots));
   return absl::OkStatus();
 }
 
@@ -103,24 +101,24 @@ absl::StatusOr<std::unique_ptr<UcxRegion>> UcxFabric::RegisterSlot(
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                      "cannot register an empty or null range", "register at least one byte");
   }
-  std::optional<uint32_t> slot = local_.Take();
-  if (!slot.has_value()) {
+  std::optional<LocalKeyTable::Key> key =
+      local_->Add(reinterpret_cast<uint64_t>(addr), len, access);
+  if (!key.has_value()) {
     return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
-                     absl::StrCat("all ", local_.size(), " ucx registrations are in use"),
+                     absl::StrCat("all ", local_->capacity(), " ucx registrations are in use"),
                      "release registrations, or raise the fabric option max_registrations "
                      "(the registration cache evicts unused ones)");
   }
-  const uint32_t gen = local_.Publish(*slot, reinterpret_cast<uint64_t>(addr), len, access);
-  KeySlot* e = &table_[*slot];
+  KeySlot* e = &table_[key->slot];
   e->addr = reinterpret_cast<uint64_t>(addr);
   e->len = len;
   e->access = access;
   e->flags = flags;
   e->rkey_len = static_cast<uint16_t>(rkey.size());
   if (!rkey.empty()) std::memcpy(e->rkey, rkey.data(), rkey.size());
-  e->gen.store(gen, std::memory_order_seq_cst);
-  return std::make_unique<UcxRegion>(this, addr, len, access, *slot, gen,
-                                     static_cast<uint8_t>(flags), e, local_.at(*slot), memh);
+  e->gen.store(key->gen, std::memory_order_seq_cst);
+  return std::make_unique<UcxRegion>(this, addr, len, access, *key, static_cast<uint8_t>(flags), e,
+                                     memh);
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxFabric::RegisterMemory(void* addr, size_t len,
@@ -180,7 +178,7 @@ absl::Status UcxFabric::AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t
                                     uint32_t access, absl::FunctionRef<void(void*)> fn) {
   BlobKey key;
   if (!DecodeBlob(rkey, &key)) return RemoteKeyError("the key is malformed", addr, len);
-  return local_.Access(key.slot, key.gen, addr, len, access, fn);
+  return local_->Access({key.slot, key.gen}, addr, len, access, fn);
 }
 
 }  // namespace zsock::ucx

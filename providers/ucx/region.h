@@ -14,7 +14,7 @@
 
 #include "core/provider.h"
 #include "providers/ucx/key_table.h"
-#include "providers/ucx/local_key_table.h"
+#include "core/local_keys.h"
 
 namespace zsock::ucx {
 
@@ -22,10 +22,10 @@ class UcxFabric;
 
 class UcxRegion final : public MemoryRegion {
  public:
-  UcxRegion(UcxFabric* fabric, void* addr, size_t len, uint32_t access, uint32_t slot,
-            uint32_t gen, uint8_t flags, KeySlot* entry, PrivateSlot* own, ucp_mem_h memh)
-      : MemoryRegion(addr, len, access), fabric_(fabric), slot_(slot), gen_(gen),
-        flags_(flags), entry_(entry), own_(own), memh_(memh) {}
+  UcxRegion(UcxFabric* fabric, void* addr, size_t len, uint32_t access, LocalKeyTable::Key key,
+            uint8_t flags, KeySlot* entry, ucp_mem_h memh)
+      : MemoryRegion(addr, len, access), fabric_(fabric), key_(key), flags_(flags),
+        entry_(entry), memh_(memh) {}
   ~UcxRegion() override;
 
   RemoteKey remote_key() const override;
@@ -33,11 +33,9 @@ class UcxRegion final : public MemoryRegion {
 
  private:
   UcxFabric* fabric_;
-  uint32_t slot_;
-  uint32_t gen_;
+  LocalKeyTable::Key key_;
   uint8_t flags_;
   KeySlot* entry_;
-  PrivateSlot* own_;
   ucp_mem_h memh_;  // allocated regions only: owns the memory
 };
 
