@@ -7,7 +7,7 @@ packages=(
   libfabric-bin ucx-utils
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libfabric-dev libucx-dev libibverbs-dev librdmacm-dev
-  # tools/fuzz_sdp.sh: libFuzzer
+  # tools/fuzz.sh: libFuzzer
   clang-14 libclang-rt-14-dev
   # bench: plots (zsock_bench --plot) and the peers of bench/compare_peers.sh
   gnuplot-nox libfabric-bin ucx-utils
