@@ -1382,10 +1382,12 @@ void ParseFrames(Child& c, std::vector<PointAgg>& agg, const std::function<void(
         a.bytes += w.bytes;
         a.messages += w.messages;
         a.seconds = std::max(a.seconds, w.seconds);
-        const size_t at = a.samples.size();
-        a.samples.resize(at + w.samples);
-        std::memcpy(a.samples.data() + at, payload + sizeof(PointWire),
-                    w.samples * sizeof(double));
+        if (w.samples > 0) {  // an empty vector's data() may be null
+          const size_t at = a.samples.size();
+          a.samples.resize(at + w.samples);
+          std::memcpy(a.samples.data() + at, payload + sizeof(PointWire),
+                      w.samples * sizeof(double));
+        }
         if (a.reports == expected_reports) done(w.point);
       }
     }
