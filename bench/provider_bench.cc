@@ -17,9 +17,8 @@
 // Two hosts (e.g. verbs over a real fabric; docs/verbs.md):
 //   host A: provider_bench --provider=verbs:mlx5_0 --role=server --address=10.0.0.1:7471
 //   host B: provider_bench --provider=verbs:mlx5_0 --role=client --address=10.0.0.1:7471
-// This is the foundation's demo; the full benchmark suite (SDP modes, the
-// seed 003 figures, JSON, plots) is bench/zsock_bench once the SDP engine
-// exists.
+// The full benchmark suite (SDP modes, the AZ-SDP paper's figures, JSON,
+// plots) is bench/zsock_bench.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
@@ -137,8 +136,8 @@ class Completions {
 
   // The next completion, read in place (as an application reads what Poll
   // wrote into its array, and as the peer tools read theirs): valid until
-  // the next call. (A copy per completion was half a nanosecond of a
-  // 64-byte one-way over shared memory.)
+  // the next call. Measured: a copy per completion showed in the small
+  // one-way latency over shared memory.
   const Completion& Next() {
     for (;;) {
       if (head_ == n_) Refill();
@@ -240,30 +239,120 @@ uint8_t ReadPattern(size_t i) { return static_cast<uint8_t>(i * 131 + i / 4093 +
 // small sends is not), and a million 8-byte reads would take seconds.
 constexpr int64_t kMaxReads = 100000;
 
-void ProviderServer(const std::string& config, int report_fd, const std::vector<size_t>& sizes,
-                    int window) {
-  auto fabric_or = Fabric::Open(config);
-  if (!fabric_or.ok()) Die(fabric_or.status().ToString());
-  Fabric* fabric = fabric_or->get();
-  auto listener = fabric->Listen(absl::GetFlag(FLAGS_address));
+// The server's connections: the measured one and --idle more on its CQ.
+// Members are destroyed in reverse order: connections before the fabric.
+struct ServerSide {
+  std::unique_ptr<Fabric> fabric;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<Endpoint> ep;
+  IdleConnections idle;
+};
+
+// Opens the fabric, listens, reports the listener's address on
+// `report_fd` (then closes it) and accepts the measured connection and the
+// idle ones.
+void Serve(const std::string& config, int report_fd, ServerSide* s) {
+  auto fabric = Fabric::Open(config);
+  if (!fabric.ok()) Die(fabric.status().ToString());
+  s->fabric = std::move(*fabric);
+  auto listener = s->fabric->Listen(absl::GetFlag(FLAGS_address));
   if (!listener.ok()) Die(listener.status().ToString());
-  std::string address = (*listener)->address() + "\n";
+  s->listener = std::move(*listener);
+  std::string address = s->listener->address() + "\n";
   if (::write(report_fd, address.data(), address.size()) != static_cast<ssize_t>(address.size())) {
     Die("cannot report the listener's address");
   }
   ::close(report_fd);
-  auto cq = fabric->CreateCq();
+  auto cq = s->fabric->CreateCq();
   if (!cq.ok()) Die(cq.status().ToString());
-  auto ep = (*listener)->Accept(cq->get(), absl::Seconds(30));
+  s->cq = std::move(*cq);
+  auto ep = s->listener->Accept(s->cq.get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
-  Endpoint* e = ep->get();
-  IdleConnections idle;
+  s->ep = std::move(*ep);
   for (int i = 0; i < absl::GetFlag(FLAGS_idle); ++i) {
-    auto more = (*listener)->Accept(cq->get(), absl::Seconds(30));
+    auto more = s->listener->Accept(s->cq.get(), absl::Seconds(30));
     if (!more.ok()) Die(more.status().ToString());
-    idle.Add(std::move(*more));
+    s->idle.Add(std::move(*more));
   }
-  Completions comps(cq->get(), Spin());
+}
+
+// The server's side of one size's ping-pong: reply to each message.
+void ServePingpong(const Fabric& fabric, Endpoint* e, Completions& comps, uint8_t* in,
+                   size_t max, const uint8_t* out, size_t size) {
+  const int rounds = Warmup(size) + Iters(size);
+  const uint64_t send_ctx = SendContext(fabric, size);
+  int64_t sends = 0, sent = 0;
+  if (!e->PostRecv(in, max, nullptr, 0).ok()) Die("post");
+  for (int i = 0; i < rounds; ++i) {
+    for (;;) {
+      const Completion& c = comps.Next();
+      if (c.op == OpType::kRecv) break;
+      ++sent;
+    }
+    // The reply first, then the next receive (as ucx_perftest does):
+    // re-posting is not on the round trip's path.
+    if (!e->Send(out, size, nullptr, send_ctx).ok()) Die("send");
+    if (send_ctx != kInjectContext) ++sends;
+    if (i + 1 < rounds && !e->PostRecv(in, max, nullptr, 0).ok()) Die("post");
+  }
+  while (sent < sends) {
+    if (comps.Next().op == OpType::kSend) ++sent;
+  }
+}
+
+// The server's side of one size's stream: keep `window` receives posted
+// until every message arrived, then acknowledge.
+void ServeStream(Endpoint* e, Completions& comps, std::vector<std::vector<uint8_t>>& bufs,
+                 size_t max, const uint8_t* out, size_t size, int window) {
+  int64_t count = StreamCount(size);
+  int64_t posted = 0, got = 0;
+  for (; posted < std::min<int64_t>(window, count); ++posted) {
+    if (!e->PostRecv(bufs[posted % window].data(), max, nullptr, posted % window).ok()) Die("post");
+  }
+  while (got < count) {
+    const Completion& c = comps.Next();
+    if (c.op != OpType::kRecv) continue;
+    ++got;
+    if (posted < count) {
+      if (!e->PostRecv(bufs[c.context].data(), max, nullptr, c.context).ok()) Die("post");
+      ++posted;
+    }
+  }
+  if (!e->Send(out, 1, nullptr, 0).ok()) Die("ack");
+  while (comps.Next().op != OpType::kSend) {}
+}
+
+// The server's side of one size's RDMA read stream: the client reads
+// `target` over and over; this side sends its key, then only makes progress
+// (emulated reads need it) until the client says done. The registration is
+// made once, in *target_mr, and its key kept in *key.
+void ServeReads(Fabric* fabric, Endpoint* e, Completions& comps, std::vector<uint8_t>& target,
+                std::unique_ptr<MemoryRegion>* target_mr, std::string* key) {
+  std::vector<uint8_t> done(8);
+  if (!e->PostRecv(done.data(), done.size(), nullptr, kDoneCtx).ok()) Die("post");
+  if (*target_mr == nullptr) {
+    auto mr = fabric->RegisterMemory(target.data(), target.size(), kRemoteRead | kLocalRead);
+    if (!mr.ok()) Die(mr.status().ToString());
+    *target_mr = std::move(*mr);
+    *key = (*target_mr)->remote_key().Serialize();
+  }
+  if (!e->Send(key->data(), key->size(), nullptr, 0).ok()) Die("send key");
+  bool key_sent = false, finished = false;
+  while (!key_sent || !finished) {
+    const Completion& c = comps.Next();
+    if (c.op == OpType::kSend) key_sent = true;
+    if (c.op == OpType::kRecv && c.context == kDoneCtx) finished = true;
+  }
+}
+
+void ProviderServer(const std::string& config, int report_fd, const std::vector<size_t>& sizes,
+                    int window) {
+  ServerSide side;
+  Serve(config, report_fd, &side);
+  Fabric* fabric = side.fabric.get();
+  Endpoint* e = side.ep.get();
+  Completions comps(side.cq.get(), Spin());
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<std::vector<uint8_t>> bufs(window, std::vector<uint8_t>(max));
   std::vector<uint8_t> out(max, 0xa5);
@@ -272,60 +361,9 @@ void ProviderServer(const std::string& config, int report_fd, const std::vector<
   std::unique_ptr<MemoryRegion> target_mr;
   std::string key;
   for (size_t size : sizes) {
-    const int rounds = Warmup(size) + Iters(size);
-    const uint64_t send_ctx = SendContext(*fabric, size);
-    int64_t sends = 0, sent = 0;
-    if (!e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
-    for (int i = 0; i < rounds; ++i) {
-      for (;;) {
-        const Completion& c = comps.Next();
-        if (c.op == OpType::kRecv) break;
-        ++sent;
-      }
-      // The reply first, then the next receive (as ucx_perftest does):
-      // re-posting is not on the round trip's path.
-      if (!e->Send(out.data(), size, nullptr, send_ctx).ok()) Die("send");
-      if (send_ctx != kInjectContext) ++sends;
-      if (i + 1 < rounds && !e->PostRecv(bufs[0].data(), max, nullptr, 0).ok()) Die("post");
-    }
-    while (sent < sends) {
-      if (comps.Next().op == OpType::kSend) ++sent;
-    }
-    int64_t count = StreamCount(size);
-    int64_t posted = 0, got = 0;
-    for (; posted < std::min<int64_t>(window, count); ++posted) {
-      if (!e->PostRecv(bufs[posted % window].data(), max, nullptr, posted % window).ok()) Die("post");
-    }
-    while (got < count) {
-      const Completion& c = comps.Next();
-      if (c.op != OpType::kRecv) continue;
-      ++got;
-      if (posted < count) {
-        if (!e->PostRecv(bufs[c.context].data(), max, nullptr, c.context).ok()) Die("post");
-        ++posted;
-      }
-    }
-    if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("ack");
-    while (comps.Next().op != OpType::kSend) {}
-    if (RmaRead(*fabric)) {
-      // The client reads `size` bytes of `target` over and over; this side
-      // only makes progress (emulated reads need it) until it says done.
-      std::vector<uint8_t> done(8);
-      if (!e->PostRecv(done.data(), done.size(), nullptr, kDoneCtx).ok()) Die("post");
-      if (target_mr == nullptr) {
-        auto mr = fabric->RegisterMemory(target.data(), target.size(), kRemoteRead | kLocalRead);
-        if (!mr.ok()) Die(mr.status().ToString());
-        target_mr = std::move(*mr);
-        key = target_mr->remote_key().Serialize();
-      }
-      if (!e->Send(key.data(), key.size(), nullptr, 0).ok()) Die("send key");
-      bool key_sent = false, finished = false;
-      while (!key_sent || !finished) {
-        const Completion& c = comps.Next();
-        if (c.op == OpType::kSend) key_sent = true;
-        if (c.op == OpType::kRecv && c.context == kDoneCtx) finished = true;
-      }
-    }
+    ServePingpong(*fabric, e, comps, bufs[0].data(), max, out.data(), size);
+    ServeStream(e, comps, bufs, max, out.data(), size, window);
+    if (RmaRead(*fabric)) ServeReads(fabric, e, comps, target, &target_mr, &key);
   }
   // Stay until the client has everything: a provider may report a send
   // complete before the peer has the data, which must not vanish with us.
@@ -394,85 +432,117 @@ double ReadStream(Endpoint* e, Completions& comps, Fabric& fabric, std::vector<u
   return static_cast<double>(size) * static_cast<double>(count) / secs / 1e9;
 }
 
-std::vector<Result> ProviderClient(const std::string& config, const std::string& address,
-                                   const std::vector<size_t>& sizes, int window) {
+// The client's connections: the measured one and --idle more on its CQ.
+// Members are destroyed in reverse order: connections before the fabric.
+struct ClientSide {
+  std::unique_ptr<Fabric> fabric;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<Endpoint> ep;
+  IdleConnections idle;
+};
+
+void ConnectClient(const std::string& config, const std::string& address, ClientSide* s) {
   auto fabric = Fabric::Open(config);
   if (!fabric.ok()) Die(fabric.status().ToString());
-  auto cq = (*fabric)->CreateCq();
+  s->fabric = std::move(*fabric);
+  auto cq = s->fabric->CreateCq();
   if (!cq.ok()) Die(cq.status().ToString());
-  auto ep = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
+  s->cq = std::move(*cq);
+  auto ep = s->fabric->Connect(address, s->cq.get(), absl::Seconds(30));
   if (!ep.ok()) Die(ep.status().ToString());
-  Endpoint* e = ep->get();
-  IdleConnections idle;
+  s->ep = std::move(*ep);
   for (int i = 0; i < absl::GetFlag(FLAGS_idle); ++i) {
-    auto more = (*fabric)->Connect(address, cq->get(), absl::Seconds(30));
+    auto more = s->fabric->Connect(address, s->cq.get(), absl::Seconds(30));
     if (!more.ok()) Die(more.status().ToString());
-    idle.Add(std::move(*more));
+    s->idle.Add(std::move(*more));
   }
-  Completions comps(cq->get(), Spin());
+}
+
+// The client's side of one size's ping-pong; returns the timed round trips
+// in us.
+std::vector<double> PingpongRounds(const Fabric& fabric, Endpoint* e, Completions& comps,
+                             const uint8_t* out, uint8_t* in, size_t max, size_t size) {
+  const int warmup = Warmup(size), rounds = warmup + Iters(size);
+  const uint64_t send_ctx = SendContext(fabric, size);
+  std::vector<double> rtt;
+  bench::ReserveTouched(&rtt, rounds);
+  int64_t sends = 0, sent = 0;
+  int64_t prev = bench::NowNs();
+  for (int i = 0; i < rounds; ++i) {
+    if (!e->Send(out, size, nullptr, send_ctx).ok()) Die("send");
+    if (send_ctx != kInjectContext) ++sends;
+    // Posted after the send (as ucx_perftest does): the reply takes longer.
+    if (!e->PostRecv(in, max, nullptr, 0).ok()) Die("post");
+    for (;;) {
+      const Completion& c = comps.Next();
+      if (c.op == OpType::kRecv) break;
+      ++sent;
+    }
+    int64_t now = bench::NowNs();
+    if (i >= warmup) rtt.push_back((now - prev) / 1000.0);
+    prev = now;
+  }
+  while (sent < sends) {
+    if (comps.Next().op == OpType::kSend) ++sent;
+  }
+  return rtt;
+}
+
+// The client's side of one size's stream: `count` sends with `window`
+// outstanding, until the server's acknowledgement. Returns the seconds;
+// *key_len is the length of the server's key if it arrived meanwhile.
+double StreamSends(Endpoint* e, Completions& comps, const uint8_t* out, size_t size, int64_t count,
+              int window, size_t* key_len) {
+  int64_t t0 = bench::NowNs();
+  int64_t sent_n = 0, done = 0;
+  for (; sent_n < std::min<int64_t>(window, count); ++sent_n) {
+    if (!e->Send(out, size, nullptr, 0).ok()) Die("send");
+  }
+  bool acked = false;
+  while (done < count || !acked) {
+    const Completion& c = comps.Next();
+    if (c.op == OpType::kRecv) {
+      if (c.context == kKeyCtx) {
+        *key_len = c.length;
+      } else {
+        acked = true;
+      }
+      continue;
+    }
+    ++done;
+    if (sent_n < count) {
+      if (!e->Send(out, size, nullptr, 0).ok()) Die("send");
+      ++sent_n;
+    }
+  }
+  return (bench::NowNs() - t0) / 1e9;
+}
+
+std::vector<Result> ProviderClient(const std::string& config, const std::string& address,
+                                   const std::vector<size_t>& sizes, int window) {
+  ClientSide side;
+  ConnectClient(config, address, &side);
+  Fabric& fabric = *side.fabric;
+  Endpoint* e = side.ep.get();
+  Completions comps(side.cq.get(), Spin());
   size_t max = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 8);
   std::vector<uint8_t> out(max, 0x5a), in(max);
   std::vector<uint8_t> keybuf(4096);
   std::vector<Result> results;
   for (size_t size : sizes) {
-    const int warmup = Warmup(size), rounds = warmup + Iters(size);
-    const uint64_t send_ctx = SendContext(**fabric, size);
-    std::vector<double> rtt;
-    bench::ReserveTouched(&rtt, rounds);
-    int64_t sends = 0, sent = 0;
-    int64_t prev = bench::NowNs();
-    for (int i = 0; i < rounds; ++i) {
-      if (!e->Send(out.data(), size, nullptr, send_ctx).ok()) Die("send");
-      if (send_ctx != kInjectContext) ++sends;
-      // Posted after the send (as ucx_perftest does): the reply takes longer.
-      if (!e->PostRecv(in.data(), max, nullptr, 0).ok()) Die("post");
-      for (;;) {
-        const Completion& c = comps.Next();
-        if (c.op == OpType::kRecv) break;
-        ++sent;
-      }
-      int64_t now = bench::NowNs();
-      if (i >= warmup) rtt.push_back((now - prev) / 1000.0);
-      prev = now;
-    }
-    while (sent < sends) {
-      if (comps.Next().op == OpType::kSend) ++sent;
-    }
+    std::vector<double> rtt = PingpongRounds(fabric, e, comps, out.data(), in.data(), max, size);
     int64_t count = StreamCount(size);
     if (!e->PostRecv(in.data(), max, nullptr, 1).ok()) Die("post");
     // The server's key follows its acknowledgement of the stream: posted
     // now, the receive is in place before it can arrive.
-    const bool rma = RmaRead(**fabric);
+    const bool rma = RmaRead(fabric);
     if (rma && !e->PostRecv(keybuf.data(), keybuf.size(), nullptr, kKeyCtx).ok()) Die("post");
-    int64_t t0 = bench::NowNs();
-    int64_t sent_n = 0, done = 0;
-    for (; sent_n < std::min<int64_t>(window, count); ++sent_n) {
-      if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
-    }
-    bool acked = false;
     size_t key_len = 0;  // the server's key, if it came while sends were still completing
-    while (done < count || !acked) {
-      const Completion& c = comps.Next();
-      if (c.op == OpType::kRecv) {
-        if (c.context == kKeyCtx) {
-          key_len = c.length;
-        } else {
-          acked = true;
-        }
-        continue;
-      }
-      ++done;
-      if (sent_n < count) {
-        if (!e->Send(out.data(), size, nullptr, 0).ok()) Die("send");
-        ++sent_n;
-      }
-    }
-    double secs = (bench::NowNs() - t0) / 1e9;
+    double secs = StreamSends(e, comps, out.data(), size, count, window, &key_len);
     results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
     if (rma) {
-      results.back().read_gbps =
-          ReadStream(e, comps, **fabric, keybuf, key_len, in, size,
-                     std::min<int64_t>(count, kMaxReads), window);
+      results.back().read_gbps = ReadStream(e, comps, fabric, keybuf, key_len, in, size,
+                                            std::min<int64_t>(count, kMaxReads), window);
     }
   }
   if (!e->Send(out.data(), 1, nullptr, 0).ok()) Die("bye");
@@ -569,40 +639,33 @@ std::vector<Result> RunPair(ServerFn server, ClientFn client) {
   return r;
 }
 
-int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  bench::Calibrate();  // before the forks: the children inherit it
+std::vector<size_t> SizesFromFlag() {
   std::vector<size_t> sizes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
     size_t v;
     if (!absl::SimpleAtoi(s, &v) || v == 0) Die(absl::StrCat("bad size '", s, "'"));
     sizes.push_back(v);
   }
-  const std::string config = absl::GetFlag(FLAGS_provider);
-  const int window = absl::GetFlag(FLAGS_window);
-  const std::string role = absl::GetFlag(FLAGS_role);
-  if (role == "server") {
-    std::fprintf(stderr, "serving %s; run the client with --address=", config.c_str());
-    ProviderServer(config, ::dup(STDERR_FILENO), sizes, window);
-    return 0;
-  }
-  if (role == "client") {
-    if (absl::GetFlag(FLAGS_address).empty()) Die("--role=client needs --address=<server address>");
-    auto results = ProviderClient(config, absl::GetFlag(FLAGS_address), sizes, window);
-    std::printf("%-10s %-10s %10s %10s %10s %12s %12s\n", "transport", "size", "lat_p50us",
-                "lat_p99us", "lat_avgus", "bw_GB/s", "read_GB/s");
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", config.c_str(), sizes[i],
-                  results[i].p50, results[i].p99, results[i].avg, results[i].gbps,
-                  ReadCell(results[i], 1, "%.3f").c_str());
-    }
-    return 0;
-  }
-  if (role != "both") Die("--role is both, server or client");
+  return sizes;
+}
+
+void PrintTableHeader() {
+  std::printf("%-10s %-10s %10s %10s %10s %12s %12s\n", "transport", "size", "lat_p50us",
+              "lat_p99us", "lat_avgus", "bw_GB/s", "read_GB/s");
+}
+
+void PrintTableRow(const char* transport, size_t size, const Result& r, const std::string& read) {
+  std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", transport, size, r.p50, r.p99,
+              r.avg, r.gbps, read.c_str());
+}
+
+// --role=both: the provider's server in a child, its client here.
+std::vector<Result> RunProviderPair(const std::string& config, const std::vector<size_t>& sizes,
+                                    int window) {
   std::fprintf(stderr, "running %s ...\n", config.c_str());
   int report[2];
   if (::pipe(report) != 0) Die("pipe");
-  auto zs = RunPair(
+  return RunPair(
       [&] {
         ::close(report[0]);
         ProviderServer(config, report[1], sizes, window);
@@ -616,36 +679,33 @@ int Main(int argc, char** argv) {
         if (address.empty()) Die("the server process could not listen (its error is above)");
         return ProviderClient(config, address, sizes, window);
       });
-  if (absl::GetFlag(FLAGS_tsv)) {
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::printf("%zu\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%s\n", sizes[i], zs[i].p50, zs[i].p99,
-                  zs[i].avg, zs[i].pp_mbps, zs[i].gbps * 1000, ReadCell(zs[i], 1000, "%.1f").c_str());
-    }
-    return 0;
+}
+
+// Kernel TCP over loopback with the same sizes.
+std::vector<Result> RunTcpPair(const std::vector<size_t>& sizes) {
+  std::fprintf(stderr, "running kernel TCP (loopback, TCP_NODELAY) ...\n");
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof(sa);
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sl) != 0 || ::listen(lfd, 1) != 0) {
+    Die("tcp listen");
   }
-  std::vector<Result> tcp;
-  if (absl::GetFlag(FLAGS_baseline_tcp)) {
-    std::fprintf(stderr, "running kernel TCP (loopback, TCP_NODELAY) ...\n");
-    int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t sl = sizeof(sa);
-    if (::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sl) != 0 || ::listen(lfd, 1) != 0) Die("tcp listen");
-    getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &sl);
-    int port = ntohs(sa.sin_port);
-    tcp = RunPair([&] { TcpServer(lfd, sizes); }, [&] { return TcpClient(port, sizes); });
-    ::close(lfd);
-  }
-  std::printf("%-10s %-10s %10s %10s %10s %12s %12s\n", "transport", "size", "lat_p50us",
-              "lat_p99us", "lat_avgus", "bw_GB/s", "read_GB/s");
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &sl);
+  int port = ntohs(sa.sin_port);
+  auto tcp = RunPair([&] { TcpServer(lfd, sizes); }, [&] { return TcpClient(port, sizes); });
+  ::close(lfd);
+  return tcp;
+}
+
+// The provider's rows, kernel TCP's beside them, and the ratios.
+void PrintComparison(const std::string& config, const std::vector<size_t>& sizes,
+                     const std::vector<Result>& zs, const std::vector<Result>& tcp) {
+  PrintTableHeader();
   for (size_t i = 0; i < sizes.size(); ++i) {
-    std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", config.c_str(), sizes[i],
-                zs[i].p50, zs[i].p99, zs[i].avg, zs[i].gbps, ReadCell(zs[i], 1, "%.3f").c_str());
-    if (!tcp.empty()) {
-      std::printf("%-10s %-10zu %10.2f %10.2f %10.2f %12.3f %12s\n", "tcp", sizes[i], tcp[i].p50,
-                  tcp[i].p99, tcp[i].avg, tcp[i].gbps, "-");
-    }
+    PrintTableRow(config.c_str(), sizes[i], zs[i], ReadCell(zs[i], 1, "%.3f"));
+    if (!tcp.empty()) PrintTableRow("tcp", sizes[i], tcp[i], "-");
   }
   if (!tcp.empty()) {
     std::printf("\n%-10s %16s %16s\n", "size", "latency tcp/zs", "bandwidth zs/tcp");
@@ -654,6 +714,42 @@ int Main(int argc, char** argv) {
                   zs[i].gbps / tcp[i].gbps);
     }
   }
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  bench::Calibrate();  // before the forks: the children inherit it
+  const std::vector<size_t> sizes = SizesFromFlag();
+  const std::string config = absl::GetFlag(FLAGS_provider);
+  const int window = absl::GetFlag(FLAGS_window);
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "server") {
+    std::fprintf(stderr, "serving %s; run the client with --address=", config.c_str());
+    ProviderServer(config, ::dup(STDERR_FILENO), sizes, window);
+    return 0;
+  }
+  if (role == "client") {
+    if (absl::GetFlag(FLAGS_address).empty()) Die("--role=client needs --address=<server address>");
+    auto results = ProviderClient(config, absl::GetFlag(FLAGS_address), sizes, window);
+    PrintTableHeader();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      PrintTableRow(config.c_str(), sizes[i], results[i], ReadCell(results[i], 1, "%.3f"));
+    }
+    return 0;
+  }
+  if (role != "both") Die("--role is both, server or client");
+  auto zs = RunProviderPair(config, sizes, window);
+  if (absl::GetFlag(FLAGS_tsv)) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::printf("%zu\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%s\n", sizes[i], zs[i].p50, zs[i].p99,
+                  zs[i].avg, zs[i].pp_mbps, zs[i].gbps * 1000,
+                  ReadCell(zs[i], 1000, "%.1f").c_str());
+    }
+    return 0;
+  }
+  std::vector<Result> tcp;
+  if (absl::GetFlag(FLAGS_baseline_tcp)) tcp = RunTcpPair(sizes);
+  PrintComparison(config, sizes, zs, tcp);
   return 0;
 }
 
