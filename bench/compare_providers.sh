@@ -113,7 +113,8 @@ esac
 bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench //bench:line_probe || exit 1
 # The idle Bazel server's JVM keeps working for a while after a build
 # (garbage collection, seen with perf sched inside benchmark points),
-# which on two cores lands beside a pinned benchmark process. Stop it before measuring; the next bazel command restarts it.
+# which on two cores lands beside a pinned benchmark process. Stop it
+# before measuring; the next bazel command restarts it.
 bazel shutdown
 bench=$(pwd)/bazel-bin/bench/provider_bench
 sdp_bench=$(pwd)/bazel-bin/bench/zsock_bench

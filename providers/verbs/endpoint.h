@@ -37,8 +37,6 @@
 
 namespace zsock::verbs {
 
-// One RC connection: the rdma_cm id (on its own event channel), its ibv_cq
-// and QP, and the message engine (engine.h) that runs the protocol over them.
 class VerbsEndpoint final : public Endpoint, private Transport {
  public:
   VerbsEndpoint(VerbsFabric* fabric, VerbsCq* cq, rdma_cm_id* id, rdma_event_channel* ch,
