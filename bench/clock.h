@@ -2,12 +2,12 @@
 // nanoseconds.
 //
 // Why not absl::GetCurrentTimeNanos or clock_gettime: on this class of VM
-// they cost about 100 ns and 40 ns a read (measured: Debian's absl reads
-// CLOCK_REALTIME and converts; the vDSO's CLOCK_MONOTONIC on a kvm guest is
-// slow), and a ping-pong reads one per round trip, inside the time it
-// measures: a 64-byte one-way over shared memory is 0.6-0.8 us, so the
-// clock alone was 5% of it. The peer tools read the TSC (ucx_perftest's
-// ucs_get_time; fi_pingpong reads the clock only at the start and the end).
+// a read of either is slow (measured: Debian's absl reads CLOCK_REALTIME
+// and converts; the vDSO's CLOCK_MONOTONIC on a kvm guest is slow), and a
+// ping-pong reads one per round trip, inside the time it measures: against
+// a small one-way over shared memory the clock alone was a visible share.
+// The peer tools read the TSC (ucx_perftest's ucs_get_time; fi_pingpong
+// reads the clock only at the start and the end).
 // Neither absl nor Google Benchmark exports a cycle clock (theirs are
 // internal), so this is written here.
 //

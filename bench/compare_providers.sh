@@ -58,10 +58,10 @@
 # Every measurement runs --repeat rounds, interleaved (each round: zsock
 # once over all sizes, then the peer tool at each size), and each number
 # printed is the median of its rounds, for zsock and the peers alike. On a
-# shared 2-core VM a single run swings by 2-4x with what else runs and with
-# where the hypervisor places the two vCPUs (one placement gives ucx_perftest
-# 0.11 us one-way, another 0.6): interleaving gives both sides the same
-# spells, and the median drops the lucky and the unlucky run alike. The
+# shared 2-core VM a single run swings by a multiple with what else runs
+# and with where the hypervisor places the two vCPUs (ucx_perftest's own
+# one-way changes with the placement): interleaving gives both sides the
+# same spells, and the median drops the lucky and the unlucky run alike. The
 # column "paired" is the median of the ratio of the averages within each
 # round (zsock and the peer a few seconds apart), and "rounds" the lowest
 # and the highest of those ratios, so a ratio near a target can be read
@@ -112,9 +112,9 @@ case "$level" in
 esac
 bazel build -c opt --config=ci //bench:provider_bench //bench:zsock_bench //bench:line_probe || exit 1
 # The idle Bazel server's JVM keeps working for a while after a build
-# (garbage collection: 36-56 ms of CPU in a 0.4 s benchmark point, seen
-# with perf sched), which on two cores lands beside a pinned benchmark
-# process. Stop it before measuring; the next bazel command restarts it.
+# (garbage collection, seen with perf sched inside benchmark points),
+# which on two cores lands beside a pinned benchmark process. Stop it
+# before measuring; the next bazel command restarts it.
 bazel shutdown
 bench=$(pwd)/bazel-bin/bench/provider_bench
 sdp_bench=$(pwd)/bazel-bin/bench/zsock_bench

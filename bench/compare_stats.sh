@@ -30,8 +30,8 @@ round_pairs() {  # SIZE C
 # or "- -" unless both sides have a number in every round (and at least
 # two rounds). The median of these paired ratios is the robust one: the
 # VM's slow spells last seconds to minutes and move zsock and the peer
-# alike (ucx_perftest itself runs 0.2 us one-way for a minute and 0.6 the
-# next), so a ratio of two medians taken over different spells can land
+# alike (ucx_perftest's own one-way changes by a multiple from one minute
+# to the next), so a ratio of two medians taken over different spells can land
 # far from what any single round shows, while a round (zsock, then the
 # peer, seconds apart) mostly sits inside one spell.
 round_stats() {  # SIZE C

@@ -1,3 +1,5 @@
+// The gnuplot figures of zsock_bench (see plot.h): the data blocks, the
+// script (axes, panels, curves) and running gnuplot.
 #include "bench/plot.h"
 
 #include <sys/stat.h>
@@ -26,7 +28,7 @@ enum class PanelBy { kNone, kSize, kClients };
 struct Layout {
   XAxis x;
   PanelBy panel;
-  const char* figure;  // seed 003 figure it follows
+  const char* figure;  // the AZ-SDP paper's figure it follows
   const char* title;
 };
 
@@ -86,13 +88,196 @@ std::string Quote(absl::string_view s) {
   return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}}), "\"");
 }
 
-// "Ping-pong latency (seed 003 fig. 6a)"
+// "Ping-pong latency (the AZ-SDP paper's fig. 6a)"
 std::string FigureTitle(const Layout& l) {
-  return *l.figure ? absl::StrCat(l.title, " (seed 003 ", l.figure, ")") : std::string(l.title);
+  return *l.figure ? absl::StrCat(l.title, " (the AZ-SDP paper's ", l.figure, ")")
+                   : std::string(l.title);
+}
+
+// "pingpong.dat", "pingpong.gp", ...
+std::string TestFile(Test test, absl::string_view ext) {
+  return absl::StrCat(TestName(test), ext);
 }
 
 std::string CurveTitle(const Record& r) {
   return r.transport == "tcp" ? "kernel TCP" : absl::StrCat(r.transport, " ", r.mode);
+}
+
+// The curves (transport x mode, in the order they ran, with their titles),
+// the panels and the x values (sorted) of a figure.
+struct Curves {
+  std::vector<std::string> keys;
+  std::map<std::string, std::string> titles;
+  std::set<int64_t> panels;
+  std::set<double> xs;
+};
+
+std::string CurveKey(const Record& r) { return r.transport + "\n" + r.mode; }
+
+Curves CollectCurves(const Layout& layout, const std::vector<Record>& records) {
+  Curves c;
+  for (const Record& r : records) {
+    std::string key = CurveKey(r);
+    if (std::find(c.keys.begin(), c.keys.end(), key) == c.keys.end()) {
+      c.keys.push_back(key);
+      c.titles[key] = CurveTitle(r);
+    }
+    c.panels.insert(PanelOf(layout.panel, r));
+    c.xs.insert(XOf(layout.x, r));
+  }
+  return c;
+}
+
+// The data blocks gnuplot's `index` selects: one per (panel, curve).
+struct Blocks {
+  std::map<std::pair<int64_t, std::string>, int> index;
+  int count = 0;
+};
+
+// Appends one block per (panel, curve) that has points, in that order.
+Blocks AppendBlocks(Test test, const Layout& layout, const Curves& c,
+                    const std::vector<Record>& records, std::string* dat) {
+  Blocks blocks;
+  for (int64_t panel : c.panels) {
+    for (const std::string& curve : c.keys) {
+      std::vector<std::pair<double, const Record*>> pts;
+      for (const Record& r : records) {
+        if (PanelOf(layout.panel, r) == panel && CurveKey(r) == curve) {
+          pts.emplace_back(XOf(layout.x, r), &r);
+        }
+      }
+      if (pts.empty()) continue;
+      std::sort(pts.begin(), pts.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (blocks.count > 0) *dat += "\n\n";
+      absl::StrAppend(dat, "# index ", blocks.count, ": panel ", panel, ", ",
+                      c.titles.at(curve), "\n# x y p99_us avg_us\n");
+      for (const auto& [x, r] : pts) {
+        absl::StrAppend(dat, absl::StrFormat("%.10g %.10g %.10g %.10g\n", x, YOf(test, *r),
+                                             r->lat_us_p99.value_or(0),
+                                             r->lat_us_avg.value_or(0)));
+      }
+      blocks.index[{panel, curve}] = blocks.count++;
+    }
+  }
+  return blocks;
+}
+
+std::string ScriptHeader(const std::string& name, const Layout& layout, int npanels) {
+  return absl::StrCat(
+      "# zsock_bench ", name, ": the layout of the AZ-SDP paper's ", layout.figure,
+      ". Redraw with: gnuplot ", name, ".gp\n",
+      absl::StrFormat("set terminal pngcairo size %d,%d enhanced font \",10\"\n",
+                      std::max(1, npanels) * 560, 440),
+      "set output ", Quote(name + ".png"), "\n", "set grid\n", "set key top left\n", "");
+}
+
+// connect: one bar per curve, from a small table of its own after the
+// blocks.
+void AppendBars(Test test, const Curves& c, const std::vector<Record>& records, int nblocks,
+                std::string* dat, std::string* gp) {
+  absl::StrAppend(gp, "set title ", Quote("Connections set up, used and torn down per second"),
+                  " noenhanced\n",
+                  "set style data histograms\nset style fill solid 0.6 border -1\n",
+                  "set boxwidth 0.7\nset yrange [0:*]\nset xtics noenhanced\nset ylabel ",
+                  Quote(YLabel(test)), "\nset key off\n");
+  std::string bars;
+  for (const std::string& curve : c.keys) {
+    for (const Record& r : records) {
+      if (CurveKey(r) == curve) {
+        absl::StrAppend(&bars, Quote(c.titles.at(curve)), " ",
+                        absl::StrFormat("%.10g", YOf(test, r)), "\n");
+        break;
+      }
+    }
+  }
+  absl::StrAppend(dat, "\n\n# bars: title value\n", bars);
+  absl::StrAppend(gp, "plot ", Quote(TestFile(test, ".dat")), " index ", nblocks,
+                  " using 2:xtic(1) title ", Quote("connections/s"), "\n");
+}
+
+// The x axis: label, scale, tics and range.
+void AppendXAxis(const Layout& layout, const std::set<double>& xs, std::string* gp) {
+  switch (layout.x) {
+    case XAxis::kSize: {
+      std::vector<std::string> tics;
+      for (double x : xs) {
+        tics.push_back(absl::StrCat(Quote(SizeLabel(static_cast<size_t>(x))), " ", x));
+      }
+      absl::StrAppend(gp, "set logscale x 2\nset xlabel \"message size (bytes)\"\n",
+                      "set xtics (", absl::StrJoin(tics, ", "), ")\n",
+                      absl::StrFormat("set xrange [%.10g:%.10g]\n", *xs.begin() / 1.4,
+                                      *xs.rbegin() * 1.4));
+      break;
+    }
+    case XAxis::kCompute:
+      absl::StrAppend(gp, "set xlabel \"computation between sends (us)\"\n");
+      break;
+    case XAxis::kWindow:
+      absl::StrAppend(gp, "set logscale x 2\nset xlabel \"window size W (transfers between "
+                          "buffer touches)\"\n");
+      break;
+    case XAxis::kStreams:
+      absl::StrAppend(gp, "set xlabel \"number of streams\"\nset xtics 1\n");
+      break;
+  }
+  if (layout.x == XAxis::kWindow) {
+    absl::StrAppend(gp, absl::StrFormat("set xrange [%.10g:%.10g]\n", *xs.begin() / 1.4,
+                                        *xs.rbegin() * 1.4));
+  } else if (layout.x != XAxis::kSize) {
+    const double span = std::max(1.0, *xs.rbegin() - *xs.begin());
+    absl::StrAppend(gp, absl::StrFormat("set xrange [%.10g:%.10g]\n",
+                                        *xs.begin() - 0.05 * span,
+                                        *xs.rbegin() + 0.05 * span));
+  }
+}
+
+// "(a) 64Kbyte messages", "(b) 4 clients", or the figure's title alone.
+std::string PanelTitle(const Layout& layout, int64_t panel, char letter) {
+  switch (layout.panel) {
+    case PanelBy::kNone: return FigureTitle(layout);
+    case PanelBy::kSize:
+      return absl::StrCat("(", std::string(1, letter), ") ",
+                          SizeLabel(static_cast<size_t>(panel)), "byte messages");
+    case PanelBy::kClients:
+      return absl::StrCat("(", std::string(1, letter), ") ", panel, " client",
+                          panel == 1 ? "" : "s");
+  }
+  return "";
+}
+
+// Every test but connect: the axes, then one plot per panel (side by side
+// in a multiplot when there are several).
+void AppendPanels(Test test, const Layout& layout, const Curves& c, const Blocks& blocks,
+                  std::string* gp) {
+  const int npanels = static_cast<int>(c.panels.size());
+  if (npanels > 1) {
+    absl::StrAppend(gp, "set multiplot layout 1,", npanels, " title ",
+                    Quote(FigureTitle(layout)), "\n");
+  }
+  AppendXAxis(layout, c.xs, gp);
+  if (TestMetric(test) == Metric::kLatency) {
+    absl::StrAppend(gp, "set logscale y 10\n");
+  } else {
+    absl::StrAppend(gp, "set yrange [0:*]\n");
+  }
+  absl::StrAppend(gp, "set ylabel ", Quote(YLabel(test)), "\n");
+  const std::string dat_name = Quote(TestFile(test, ".dat"));
+  char letter = 'a';
+  for (int64_t panel : c.panels) {
+    absl::StrAppend(gp, "set title ", Quote(PanelTitle(layout, panel, letter++)),
+                    " noenhanced\n");
+    std::vector<std::string> plots;
+    for (const std::string& curve : c.keys) {
+      auto it = blocks.index.find({panel, curve});
+      if (it == blocks.index.end()) continue;
+      plots.push_back(absl::StrCat(dat_name, " index ", it->second,
+                                   " using 1:2 with linespoints lw 2 title ",
+                                   Quote(c.titles.at(curve)), " noenhanced"));
+    }
+    absl::StrAppend(gp, "plot ", absl::StrJoin(plots, ", \\\n     "), "\n");
+  }
+  if (npanels > 1) absl::StrAppend(gp, "unset multiplot\n");
 }
 
 absl::Status MakeDirs(const std::string& dir) {
@@ -120,151 +305,16 @@ absl::StatusOr<std::string> WritePlotScript(const std::string& dir, Test test,
   if (auto s = MakeDirs(dir); !s.ok()) return s;
   const std::string name(TestName(test));
   const Layout layout = LayoutOf(test);
-
-  // Curves in the order they ran; panels and x values sorted.
-  std::vector<std::string> curves;
-  std::map<std::string, std::string> titles;
-  std::set<int64_t> panels;
-  std::set<double> xs;
-  for (const Record& r : records) {
-    std::string key = r.transport + "\n" + r.mode;
-    if (std::find(curves.begin(), curves.end(), key) == curves.end()) {
-      curves.push_back(key);
-      titles[key] = CurveTitle(r);
-    }
-    panels.insert(PanelOf(layout.panel, r));
-    xs.insert(XOf(layout.x, r));
-  }
-
-  // Data: one block per (panel, curve), in that order; gnuplot's `index`.
+  const Curves c = CollectCurves(layout, records);
   std::string dat = absl::StrCat("# zsock_bench ", name, " (", layout.figure,
                                  "): one block per panel x curve\n");
-  std::map<std::pair<int64_t, std::string>, int> block;
-  int nblocks = 0;
-  for (int64_t panel : panels) {
-    for (const std::string& curve : curves) {
-      std::vector<std::pair<double, const Record*>> pts;
-      for (const Record& r : records) {
-        if (PanelOf(layout.panel, r) == panel && r.transport + "\n" + r.mode == curve) {
-          pts.emplace_back(XOf(layout.x, r), &r);
-        }
-      }
-      if (pts.empty()) continue;
-      std::sort(pts.begin(), pts.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      if (nblocks > 0) dat += "\n\n";
-      absl::StrAppend(&dat, "# index ", nblocks, ": panel ", panel, ", ", titles[curve],
-                      "\n# x y p99_us avg_us\n");
-      for (const auto& [x, r] : pts) {
-        absl::StrAppend(&dat, absl::StrFormat("%.10g %.10g %.10g %.10g\n", x, YOf(test, *r),
-                                              r->lat_us_p99.value_or(0),
-                                              r->lat_us_avg.value_or(0)));
-      }
-      block[{panel, curve}] = nblocks++;
-    }
-  }
-
-  const int npanels = static_cast<int>(panels.size());
-  std::string gp = absl::StrCat(
-      "# zsock_bench ", name, ": the layout of seed 003 ", layout.figure,
-      ". Redraw with: gnuplot ", name, ".gp\n",
-      absl::StrFormat("set terminal pngcairo size %d,%d enhanced font \",10\"\n",
-                      std::max(1, npanels) * 560, 440),
-      "set output ", Quote(name + ".png"), "\n", "set grid\n", "set key top left\n",
-      "");
-  const std::string dat_name = Quote(name + ".dat");
+  const Blocks blocks = AppendBlocks(test, layout, c, records, &dat);
+  std::string gp = ScriptHeader(name, layout, static_cast<int>(c.panels.size()));
   if (test == Test::kConnect) {
-    absl::StrAppend(&gp, "set title ", Quote("Connections set up, used and torn down per second"),
-                    " noenhanced\n", "set style data histograms\nset style fill solid 0.6 border -1\n",
-                    "set boxwidth 0.7\nset yrange [0:*]\nset xtics noenhanced\nset ylabel ", Quote(YLabel(test)),
-                    "\nset key off\n");
-    // One bar per curve: a small table of its own.
-    std::string bars;
-    for (const std::string& curve : curves) {
-      for (const Record& r : records) {
-        if (r.transport + "\n" + r.mode == curve) {
-          absl::StrAppend(&bars, Quote(titles[curve]), " ",
-                          absl::StrFormat("%.10g", YOf(test, r)), "\n");
-          break;
-        }
-      }
-    }
-    absl::StrAppend(&dat, "\n\n# bars: title value\n", bars);
-    absl::StrAppend(&gp, "plot ", dat_name, " index ", nblocks, " using 2:xtic(1) title ",
-                    Quote("connections/s"), "\n");
+    AppendBars(test, c, records, blocks.count, &dat, &gp);
   } else {
-    if (npanels > 1) {
-      absl::StrAppend(&gp, "set multiplot layout 1,", npanels, " title ",
-                      Quote(FigureTitle(layout)), "\n");
-    }
-    // x axis.
-    switch (layout.x) {
-      case XAxis::kSize: {
-        std::vector<std::string> tics;
-        for (double x : xs) {
-          tics.push_back(absl::StrCat(Quote(SizeLabel(static_cast<size_t>(x))), " ", x));
-        }
-        absl::StrAppend(&gp, "set logscale x 2\nset xlabel \"message size (bytes)\"\n",
-                        "set xtics (", absl::StrJoin(tics, ", "), ")\n",
-                        absl::StrFormat("set xrange [%.10g:%.10g]\n", *xs.begin() / 1.4,
-                                        *xs.rbegin() * 1.4));
-        break;
-      }
-      case XAxis::kCompute:
-        absl::StrAppend(&gp, "set xlabel \"computation between sends (us)\"\n");
-        break;
-      case XAxis::kWindow:
-        absl::StrAppend(&gp, "set logscale x 2\nset xlabel \"window size W (transfers between "
-                             "buffer touches)\"\n");
-        break;
-      case XAxis::kStreams:
-        absl::StrAppend(&gp, "set xlabel \"number of streams\"\nset xtics 1\n");
-        break;
-    }
-    if (layout.x == XAxis::kWindow) {
-      absl::StrAppend(&gp, absl::StrFormat("set xrange [%.10g:%.10g]\n", *xs.begin() / 1.4,
-                                           *xs.rbegin() * 1.4));
-    } else if (layout.x != XAxis::kSize) {
-      const double span = std::max(1.0, *xs.rbegin() - *xs.begin());
-      absl::StrAppend(&gp, absl::StrFormat("set xrange [%.10g:%.10g]\n",
-                                           *xs.begin() - 0.05 * span,
-                                           *xs.rbegin() + 0.05 * span));
-    }
-    if (TestMetric(test) == Metric::kLatency) {
-      absl::StrAppend(&gp, "set logscale y 10\n");
-    } else {
-      absl::StrAppend(&gp, "set yrange [0:*]\n");
-    }
-    absl::StrAppend(&gp, "set ylabel ", Quote(YLabel(test)), "\n");
-    char letter = 'a';
-    for (int64_t panel : panels) {
-      std::string title;
-      switch (layout.panel) {
-        case PanelBy::kNone: title = FigureTitle(layout); break;
-        case PanelBy::kSize:
-          title = absl::StrCat("(", std::string(1, letter), ") ",
-                               SizeLabel(static_cast<size_t>(panel)), "byte messages");
-          break;
-        case PanelBy::kClients:
-          title = absl::StrCat("(", std::string(1, letter), ") ", panel, " client",
-                               panel == 1 ? "" : "s");
-          break;
-      }
-      ++letter;
-      absl::StrAppend(&gp, "set title ", Quote(title), " noenhanced\n");
-      std::vector<std::string> plots;
-      for (const std::string& curve : curves) {
-        auto it = block.find({panel, curve});
-        if (it == block.end()) continue;
-        plots.push_back(absl::StrCat(dat_name, " index ", it->second,
-                                     " using 1:2 with linespoints lw 2 title ",
-                                     Quote(titles[curve]), " noenhanced"));
-      }
-      absl::StrAppend(&gp, "plot ", absl::StrJoin(plots, ", \\\n     "), "\n");
-    }
-    if (npanels > 1) absl::StrAppend(&gp, "unset multiplot\n");
+    AppendPanels(test, layout, c, blocks, &gp);
   }
-
   const std::string dat_path = dir + "/" + name + ".dat";
   const std::string gp_path = dir + "/" + name + ".gp";
   for (const auto& [path, text] : {std::pair{dat_path, dat}, std::pair{gp_path, gp}}) {

@@ -1,10 +1,12 @@
-// Plots zsock_bench records with gnuplot in the layout of seed 003's figures
-// 6 to 10: one PNG per test, one panel per message size (overlap, pagefault,
-// multistream: figs. 7, 8, 9b, whose x axis is the swept parameter) or per
-// client count (hotspot, fanin, fanout: figs. 9a, 10), one curve per
-// transport x mode. Beside each PNG it leaves the gnuplot script (.gp) and
-// its data (.dat, one block per curve), so a figure can be restyled and
-// redrawn with `cd DIR && gnuplot TEST.gp`.
+// Plots zsock_bench records with gnuplot in the layout of the AZ-SDP
+// paper's figures 6 to 10 ("Asynchronous Zero-copy Communication for
+// Synchronous Sockets in the Sockets Direct Protocol (SDP) over
+// InfiniBand"): one PNG per test, one panel per message size (overlap,
+// pagefault, multistream: figs. 7, 8, 9b, whose x axis is the swept
+// parameter) or per client count (hotspot, fanin, fanout: figs. 9a, 10),
+// one curve per transport x mode. Beside each PNG it leaves the gnuplot
+// script (.gp) and its data (.dat, one block per curve), so a figure can be
+// restyled and redrawn with `cd DIR && gnuplot TEST.gp`.
 #ifndef ZSOCK_BENCH_PLOT_H_
 #define ZSOCK_BENCH_PLOT_H_
 
@@ -12,7 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "bench/harness.h"
+#include "bench/report.h"
+#include "bench/test_kinds.h"
 
 namespace zsock::bench {
 

@@ -3,12 +3,11 @@
 //
 // Why: vector::reserve maps nothing (a large allocation is a fresh mmap
 // whose pages appear at first touch), so a loop that push_backs one
-// double per round trip took a minor page fault every 512 round trips,
-// inside the time it measured. provider_bench over ucx:posix,cma, 64 B:
-// the round trips that crossed a page took 1.1 us on average against
-// 0.24 us for the others, about 1.6% of the one-way average (the peer
-// tools keep no such array). Writing the whole array once before the
-// clock starts moves those faults out of the measurement. No library
+// double per round trip took a minor page fault every page of samples,
+// inside the time it measured (measured with provider_bench: the round
+// trips that crossed a page were several times slower than the others;
+// the peer tools keep no such array). Writing the whole array once before
+// the clock starts moves those faults out of the measurement. No library
 // offers this (a vector with a pre-faulting allocator would do the same
 // at more length).
 #pragma once

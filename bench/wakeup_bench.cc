@@ -195,109 +195,149 @@ void ProviderLevel() {
   Report(absl::StrCat(config, " provider, ", idle, " idle conn."), rtt);
 }
 
-// kernel: the same over kernel TCP sockets; else zs_* (SDP over --provider).
-void SocketsLevel(bool zs) {
-  auto sock = [zs](int d, int t) { return zs ? zs_socket(d, t, 0) : ::socket(d, t, 0); };
-  auto bind_ = [zs](int fd, sockaddr_in* a) {
+// The socket calls of one side of the comparison: zs_* (SDP over
+// --provider) or the kernel's.
+struct SocketCalls {
+  bool zs;
+  int Socket() const {
+    return zs ? zs_socket(AF_INET, SOCK_STREAM, 0) : ::socket(AF_INET, SOCK_STREAM, 0);
+  }
+  int Bind(int fd, sockaddr_in* a) const {
     return zs ? zs_bind(fd, reinterpret_cast<sockaddr*>(a), sizeof(*a))
               : ::bind(fd, reinterpret_cast<sockaddr*>(a), sizeof(*a));
-  };
-  auto send_ = [zs](int fd, const void* b, size_t n) {
+  }
+  int Listen(int fd, int backlog) const {
+    return zs ? zs_listen(fd, backlog) : ::listen(fd, backlog);
+  }
+  int GetSockName(int fd, sockaddr_in* a, socklen_t* len) const {
+    return zs ? zs_getsockname(fd, reinterpret_cast<sockaddr*>(a), len)
+              : ::getsockname(fd, reinterpret_cast<sockaddr*>(a), len);
+  }
+  int Accept(int fd) const {
+    return zs ? zs_accept(fd, nullptr, nullptr) : ::accept(fd, nullptr, nullptr);
+  }
+  int Connect(int fd, sockaddr_in* a) const {
+    return zs ? zs_connect(fd, reinterpret_cast<sockaddr*>(a), sizeof(*a))
+              : ::connect(fd, reinterpret_cast<sockaddr*>(a), sizeof(*a));
+  }
+  ssize_t Send(int fd, const void* b, size_t n) const {
     return zs ? zs_send(fd, b, n, MSG_NOSIGNAL) : ::send(fd, b, n, MSG_NOSIGNAL);
-  };
-  auto recv_all = [zs](int fd, void* b, size_t n) {
+  }
+  void RecvAll(int fd, void* b, size_t n) const {
     size_t got = 0;
     while (got < n) {
       ssize_t k = zs ? zs_recv(fd, static_cast<char*>(b) + got, n - got, 0)
                      : ::recv(fd, static_cast<char*>(b) + got, n - got, 0);
-      if (k <= 0) Die(absl::StrCat("receive failed: ", k == 0 ? "end of stream" : std::strerror(errno)));
+      if (k <= 0) {
+        Die(absl::StrCat("receive failed: ", k == 0 ? "end of stream" : std::strerror(errno)));
+      }
       got += static_cast<size_t>(k);
     }
-  };
-  auto nodelay = [zs](int fd) {
+  }
+  int NoDelay(int fd) const {
     int one = 1;
     return zs ? zs_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one))
               : ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  };
-  const int rounds = absl::GetFlag(FLAGS_rounds), gap = absl::GetFlag(FLAGS_gap_us);
-  const int idle = absl::GetFlag(FLAGS_idle);
-  int pipe_fd;
-  pid_t child = ForkWithPipe(&pipe_fd);
-  if (child == 0) {
-    int l = sock(AF_INET, SOCK_STREAM);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    const int backlog = 8 + idle;
-    if (l < 0 || bind_(l, &a) != 0 ||
-        (zs ? zs_listen(l, backlog) : ::listen(l, backlog)) != 0 ||
-        (zs ? zs_getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)
-            : ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len)) != 0) {
-      Die(absl::StrCat("listen failed: ", std::strerror(errno)));
-    }
-    WriteRecord(pipe_fd, std::to_string(ntohs(a.sin_port)));
-    int c = zs ? zs_accept(l, nullptr, nullptr) : ::accept(l, nullptr, nullptr);
-    if (c < 0 || nodelay(c) != 0) Die(absl::StrCat("accept failed: ", std::strerror(errno)));
-    for (int i = 0; i < idle; ++i) {  // kept open, never used, until _Exit
-      if ((zs ? zs_accept(l, nullptr, nullptr) : ::accept(l, nullptr, nullptr)) < 0) {
-        Die(absl::StrCat("accepting an idle connection failed: ", std::strerror(errno)));
-      }
-    }
-    char b[kMsg];
-    for (int i = 0; i <= rounds; ++i) {
-      recv_all(c, b, sizeof(b));
-      if (send_(c, b, sizeof(b)) != static_cast<ssize_t>(sizeof(b))) Die("reply failed");
-    }
-    recv_all(c, b, 1);  // the client's end
-    std::_Exit(0);
   }
-  const int port = std::atoi(ReadRecord(pipe_fd).c_str());
-  int s = sock(AF_INET, SOCK_STREAM);
+  void Close(int fd) const {
+    if (zs) zs_close(fd); else ::close(fd);
+  }
+};
+
+// The forked server: listens, reports its port on `pipe_fd`, accepts the
+// measured connection and `idle` more, and echoes `rounds` + 1 requests.
+[[noreturn]] void SocketsServer(const SocketCalls& io, int pipe_fd, int rounds, int idle) {
+  int l = io.Socket();
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const int backlog = 8 + idle;
+  if (l < 0 || io.Bind(l, &a) != 0 || io.Listen(l, backlog) != 0 ||
+      io.GetSockName(l, &a, &len) != 0) {
+    Die(absl::StrCat("listen failed: ", std::strerror(errno)));
+  }
+  WriteRecord(pipe_fd, std::to_string(ntohs(a.sin_port)));
+  int c = io.Accept(l);
+  if (c < 0 || io.NoDelay(c) != 0) Die(absl::StrCat("accept failed: ", std::strerror(errno)));
+  for (int i = 0; i < idle; ++i) {  // kept open, never used, until _Exit
+    if (io.Accept(l) < 0) {
+      Die(absl::StrCat("accepting an idle connection failed: ", std::strerror(errno)));
+    }
+  }
+  char b[kMsg];
+  for (int i = 0; i <= rounds; ++i) {
+    io.RecvAll(c, b, sizeof(b));
+    if (io.Send(c, b, sizeof(b)) != static_cast<ssize_t>(sizeof(b))) Die("reply failed");
+  }
+  io.RecvAll(c, b, 1);  // the client's end
+  std::_Exit(0);
+}
+
+// Connects the measured socket (returned) and `idle` more (*idle_fds).
+int SocketsConnect(const SocketCalls& io, int port, int idle, std::vector<int>* idle_fds) {
+  int s = io.Socket();
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(static_cast<uint16_t>(port));
-  if (s < 0 || (zs ? zs_connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a))
-                   : ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a))) != 0 ||
-      nodelay(s) != 0) {
+  if (s < 0 || io.Connect(s, &a) != 0 || io.NoDelay(s) != 0) {
     Die(absl::StrCat("connect failed: ", std::strerror(errno)));
   }
-  std::vector<int> idle_fds;
   for (int i = 0; i < idle; ++i) {
-    int t = sock(AF_INET, SOCK_STREAM);
-    if (t < 0 || (zs ? zs_connect(t, reinterpret_cast<sockaddr*>(&a), sizeof(a))
-                     : ::connect(t, reinterpret_cast<sockaddr*>(&a), sizeof(a))) != 0) {
+    int t = io.Socket();
+    if (t < 0 || io.Connect(t, &a) != 0) {
       Die(absl::StrCat("connecting an idle socket failed: ", std::strerror(errno)));
     }
-    idle_fds.push_back(t);
+    idle_fds->push_back(t);
   }
+  return s;
+}
+
+// `rounds` timed round trips (after one untimed), each after sleeping
+// --gap_us; returns them in us.
+std::vector<double> SocketsRoundTrips(const SocketCalls& io, int s, int rounds, size_t pieces,
+                                      bool poll_first) {
+  const int gap = absl::GetFlag(FLAGS_gap_us);
   char b[kMsg] = {};
   std::vector<double> rtt;
-  const size_t pieces = static_cast<size_t>(absl::GetFlag(FLAGS_pieces));
-  const bool poll_first = absl::GetFlag(FLAGS_wait) == "poll";
   for (int i = 0; i <= rounds; ++i) {
     ::usleep(static_cast<useconds_t>(gap));
     const absl::Time t0 = absl::Now();
     for (size_t p = 0, off = 0; p < pieces; ++p) {
       const size_t n = p + 1 < pieces ? kMsg / pieces : kMsg - off;
-      if (send_(s, b + off, n) != static_cast<ssize_t>(n)) Die("send failed");
+      if (io.Send(s, b + off, n) != static_cast<ssize_t>(n)) Die("send failed");
       off += n;
     }
     if (poll_first) {
       pollfd pf{s, POLLIN, 0};
       if (::poll(&pf, 1, -1) != 1) Die(absl::StrCat("poll failed: ", std::strerror(errno)));
     }
-    recv_all(s, b, sizeof(b));
+    io.RecvAll(s, b, sizeof(b));
     if (i > 0) rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
-  if (send_(s, b, 1) != 1) Die("send failed");
+  if (io.Send(s, b, 1) != 1) Die("send failed");
+  return rtt;
+}
+
+// kernel: the same over kernel TCP sockets; else zs_* (SDP over --provider).
+void SocketsLevel(bool zs) {
+  const SocketCalls io{zs};
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  const int idle = absl::GetFlag(FLAGS_idle);
+  int pipe_fd;
+  pid_t child = ForkWithPipe(&pipe_fd);
+  if (child == 0) SocketsServer(io, pipe_fd, rounds, idle);
+  const int port = std::atoi(ReadRecord(pipe_fd).c_str());
+  std::vector<int> idle_fds;
+  int s = SocketsConnect(io, port, idle, &idle_fds);
+  const size_t pieces = static_cast<size_t>(absl::GetFlag(FLAGS_pieces));
+  const bool poll_first = absl::GetFlag(FLAGS_wait) == "poll";
+  std::vector<double> rtt = SocketsRoundTrips(io, s, rounds, pieces, poll_first);
   int status = 0;
   ::waitpid(child, &status, 0);
-  if (zs) zs_close(s); else ::close(s);
-  for (int t : idle_fds) {
-    if (zs) zs_close(t); else ::close(t);
-  }
+  io.Close(s);
+  for (int t : idle_fds) io.Close(t);
   const std::string how = absl::StrCat(", ", pieces, pieces == 1 ? " send" : " sends",
                                        poll_first ? ", poll" : "",
                                        idle > 0 ? absl::StrCat(", ", idle, " idle") : "");

@@ -1,5 +1,6 @@
-// zsock_bench: socket-level benchmarks (seed 003 figures 6 to 10, message
-// rate, connection rate) over zsock sockets in every mode, beside kernel TCP.
+// zsock_bench: socket-level benchmarks (the AZ-SDP paper's figures 6 to 10,
+// message rate, connection rate) over zsock sockets in every mode, beside
+// kernel TCP.
 //
 //   bazel run -c opt //bench:zsock_bench -- --test=pingpong --provider=unet
 //       --mode=all --sizes=8,64K,1M --baseline=tcp --json=out.json --plot=plots
@@ -56,7 +57,7 @@ ABSL_FLAG(bool, stats, false,
 namespace zsock::bench {
 namespace {
 
-int Main(int argc, char** argv) {
+void SetUsage() {
   std::string usage =
       "socket benchmarks over zsock and kernel TCP.\n"
       "  zsock_bench --test=T [--provider=P] [--mode=M] [--sizes=LIST] [--baseline=tcp]\n"
@@ -65,12 +66,9 @@ int Main(int argc, char** argv) {
     absl::StrAppend(&usage, "  ", TestName(t), ": ", TestDescription(t), "\n");
   }
   absl::SetProgramUsageMessage(usage);
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "zsock_bench: unexpected argument '%s'; every option is a --flag\n",
-                 rest[1]);
-    return 2;
-  }
+}
+
+RawOptions RawFromFlags() {
   RawOptions raw;
   raw.test = absl::GetFlag(FLAGS_test);
   raw.provider = absl::GetFlag(FLAGS_provider);
@@ -90,7 +88,79 @@ int Main(int argc, char** argv) {
   raw.client_core = absl::GetFlag(FLAGS_client_core);
   raw.progress = absl::GetFlag(FLAGS_progress);
   raw.stats = absl::GetFlag(FLAGS_stats);
-  auto options = ParseOptions(raw);
+  return raw;
+}
+
+// The '#' lines before the table: the test, the transports, the cores.
+void PrintHeader(const Options& options) {
+  std::vector<std::string> names;
+  for (const Transport& t : options.transports) {
+    names.push_back(t.name == "tcp" ? "kernel TCP (TCP_NODELAY)"
+                                    : absl::StrCat(t.name, " ", t.mode));
+  }
+  const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  std::printf("# zsock_bench --test=%s: %s\n", std::string(TestName(options.test)).c_str(),
+              std::string(TestDescription(options.test)).c_str());
+  std::printf("# transports: %s; 127.0.0.1; server pinned to core %d, client%s to core %d "
+              "(%ld online CPUs)\n",
+              absl::StrJoin(names, ", ").c_str(), options.server_core,
+              options.test == Test::kHotspot || options.test == Test::kFanin ||
+                      options.test == Test::kFanout
+                  ? "s"
+                  : "",
+              options.client_core, ncpu);
+  if (options.server_core == options.client_core) {
+    std::printf("# note: server and clients share core %d: expect inflated latencies\n",
+                options.server_core);
+  }
+}
+
+// Where the VM's vCPUs sit now (bench/placement.h), before and after.
+void PrintCrossing(const Options& options, const char* when) {
+  if (options.server_core == options.client_core) return;
+  auto ns = LineTransferNs(options.server_core, options.client_core);
+  if (ns.ok()) {
+    std::printf("# %s the run: a cache line crosses between cores %d and %d in %.0f ns\n",
+                when, options.server_core, options.client_core, *ns);
+  } else {
+    std::printf("# %s the run: %s\n", when, std::string(ns.status().message()).c_str());
+  }
+}
+
+// The table and the '#' lines after it.
+void PrintResults(const Options& options, const BenchResult& result) {
+  std::printf("%s", FormatTable(options.test, result.records).c_str());
+  PrintCrossing(options, "after");
+  if (TestMetric(options.test) == Metric::kLatency) {
+    std::printf("# latency = one-way (round trip / 2) for pingpong and hotspot, whole "
+                "connection cycle for connect; GB/s = 10^9 payload bytes/s\n");
+  } else {
+    std::printf("# GB/s = 10^9 payload bytes/s, aggregate over all streams/clients\n");
+  }
+}
+
+// --plot: the figure; false (after saying why) if it could not be drawn.
+bool Plot(const Options& options, const BenchResult& result) {
+  const std::string plot_dir = absl::GetFlag(FLAGS_plot);
+  if (plot_dir.empty() || result.records.empty()) return true;
+  auto png = WritePlot(plot_dir, options.test, result.records);
+  if (png.ok()) {
+    std::printf("# plot: %s\n", png->c_str());
+    return true;
+  }
+  std::fprintf(stderr, "zsock_bench: %s\n", std::string(png.status().message()).c_str());
+  return false;
+}
+
+int Main(int argc, char** argv) {
+  SetUsage();
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "zsock_bench: unexpected argument '%s'; every option is a --flag\n",
+                 rest[1]);
+    return 2;
+  }
+  auto options = ParseOptions(RawFromFlags());
   if (!options.ok()) {
     std::fprintf(stderr, "zsock_bench: %s\n", std::string(options.status().message()).c_str());
     return 2;
@@ -104,50 +174,12 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-
-  std::vector<std::string> names;
-  for (const Transport& t : options->transports) {
-    names.push_back(t.name == "tcp" ? "kernel TCP (TCP_NODELAY)"
-                                    : absl::StrCat(t.name, " ", t.mode));
-  }
-  const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  std::printf("# zsock_bench --test=%s: %s\n", std::string(TestName(options->test)).c_str(),
-              std::string(TestDescription(options->test)).c_str());
-  std::printf("# transports: %s; 127.0.0.1; server pinned to core %d, client%s to core %d "
-              "(%ld online CPUs)\n",
-              absl::StrJoin(names, ", ").c_str(), options->server_core,
-              options->test == Test::kHotspot || options->test == Test::kFanin ||
-                      options->test == Test::kFanout
-                  ? "s"
-                  : "",
-              options->client_core, ncpu);
-  if (options->server_core == options->client_core) {
-    std::printf("# note: server and clients share core %d: expect inflated latencies\n",
-                options->server_core);
-  }
-  // Where the VM's vCPUs sit now (bench/placement.h), before and after.
-  auto print_crossing = [&](const char* when) {
-    if (options->server_core == options->client_core) return;
-    auto ns = LineTransferNs(options->server_core, options->client_core);
-    if (ns.ok()) {
-      std::printf("# %s the run: a cache line crosses between cores %d and %d in %.0f ns\n",
-                  when, options->server_core, options->client_core, *ns);
-    } else {
-      std::printf("# %s the run: %s\n", when, std::string(ns.status().message()).c_str());
-    }
-  };
-  print_crossing("before");
+  PrintHeader(*options);
+  PrintCrossing(*options, "before");
   std::fflush(stdout);
 
   BenchResult result = RunBench(*options);
-  std::printf("%s", FormatTable(options->test, result.records).c_str());
-  print_crossing("after");
-  if (TestMetric(options->test) == Metric::kLatency) {
-    std::printf("# latency = one-way (round trip / 2) for pingpong and hotspot, whole "
-                "connection cycle for connect; GB/s = 10^9 payload bytes/s\n");
-  } else {
-    std::printf("# GB/s = 10^9 payload bytes/s, aggregate over all streams/clients\n");
-  }
+  PrintResults(*options, result);
   for (const Record& r : result.records) {
     if (json.is_open()) json << RecordToJson(r) << "\n";
   }
@@ -156,16 +188,7 @@ int Main(int argc, char** argv) {
     if (!json) std::fprintf(stderr, "zsock_bench: writing %s failed\n", json_path.c_str());
   }
   int rc = result.failures.empty() ? 0 : 1;
-  const std::string plot_dir = absl::GetFlag(FLAGS_plot);
-  if (!plot_dir.empty() && !result.records.empty()) {
-    auto png = WritePlot(plot_dir, options->test, result.records);
-    if (png.ok()) {
-      std::printf("# plot: %s\n", png->c_str());
-    } else {
-      std::fprintf(stderr, "zsock_bench: %s\n", std::string(png.status().message()).c_str());
-      rc = 1;
-    }
-  }
+  if (!Plot(*options, result)) rc = 1;
   for (const std::string& f : result.failures) {
     std::fprintf(stderr, "zsock_bench: FAILED: %s\n", f.c_str());
   }

@@ -6,9 +6,14 @@
 // everything exactly once when the connection ends.
 //
 // The engine speaks ibv_send_wr / ibv_recv_wr / ibv_wc through a Transport:
-// ibv_post_send, ibv_post_recv and ibv_poll_cq on a real RC QP in verbs.cc;
-// an in-memory simulation of a pair of connected QPs in verbs_test.cc,
-// which runs the engine's protocol end to end without a device.
+// ibv_post_send, ibv_post_recv and ibv_poll_cq on a real RC QP in
+// endpoint.h; an in-memory simulation of a pair of connected QPs in
+// engine_sim.h, which runs the engine's protocol end to end without a
+// device.
+//
+// Where it lives: engine.cc (setting up, the operations, posting, teardown)
+// and engine_completions.cc (completions, received messages, rendezvous
+// pulls); engine_op.h holds what both share.
 //
 // Not thread-safe: the endpoint serialises calls with its own mutex.
 #ifndef ZSOCK_PROVIDERS_VERBS_ENGINE_H_
@@ -28,7 +33,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/provider.h"
-#include "providers/verbs/verbs_core.h"
+#include "providers/verbs/credits.h"
+#include "providers/verbs/matcher.h"
+#include "providers/verbs/slab.h"
+#include "providers/verbs/wire.h"
+#include "providers/verbs/work_request.h"
 
 namespace zsock::verbs {
 
@@ -137,6 +146,11 @@ class Engine {
   void FailOp(Op* op, const absl::Status& st, EngineOutput* out);
   void HandleWc(const ibv_wc& wc, EngineOutput* out);
   void HandleRecv(const ibv_wc& wc, EngineOutput* out);
+  // One received message whose header `h` decoded; `body` follows it.
+  void HandleMessage(const Header& h, const uint8_t* body, EngineOutput* out);
+  // Gives receive buffer `slot` back (SRQ or our own queue); false when
+  // reposting failed and the connection ended.
+  bool RefillRecv(size_t slot, EngineOutput* out);
   void HandleMatch(Match m, EngineOutput* out);
   void StartControlPull(const Arrival& a, EngineOutput* out);
   void StartPull(std::unique_ptr<Pull> pull, uint64_t local, uint32_t lkey, const RtsBody& rts,
@@ -157,16 +171,8 @@ class Engine {
   std::string peer_address_;
   size_t peer_eager_ = 0;
   Credits credits_{0};
-  struct Slab {
-    std::vector<uint8_t> mem;
-    std::unique_ptr<MemoryRegion> mr;
-    size_t slot_size = 0;
-    size_t slots = 0;
-    uint8_t* slot(size_t i) { return mem.data() + i * slot_size; }
-  };
-  Slab send_slab_;
-  Slab recv_slab_;
-  std::deque<int> free_slots_;
+  Slab send_slab_;  // send slots; its pool holds the free ones
+  Slab recv_slab_;  // our receive buffers (without SRQ), each always posted
   std::deque<std::unique_ptr<Op>> backlog_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Op>> ops_;   // posted, by wr_id
   absl::flat_hash_map<uint64_t, std::unique_ptr<Op>> rts_;   // waiting for FIN, by cookie

@@ -1,0 +1,85 @@
+// provider_bench's kernel TCP baseline (see provider_bench.h): the same
+// ping-pong and stream over a loopback TCP connection with TCP_NODELAY.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/clock.h"
+#include "bench/provider_bench.h"
+#include "bench/samples.h"
+
+namespace zsock::provider_bench {
+namespace {
+
+void FullIo(int fd, void* buf, size_t len, bool write) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (len > 0) {
+    ssize_t n = write ? ::send(fd, p, len, MSG_NOSIGNAL) : ::recv(fd, p, len, 0);
+    if (n <= 0) Die(absl::StrCat("tcp ", write ? "send" : "recv", " failed: ", std::strerror(errno)));
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void TcpServer(int lfd, const std::vector<size_t>& sizes) {
+  int fd = ::accept(lfd, nullptr, nullptr);
+  if (fd < 0) Die("accept");
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  size_t max = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<uint8_t> buf(std::max<size_t>(max, 8));
+  for (size_t size : sizes) {
+    for (int i = 0; i < Iters(size); ++i) {
+      FullIo(fd, buf.data(), size, false);
+      FullIo(fd, buf.data(), size, true);
+    }
+    int64_t count = StreamCount(size);
+    for (int64_t i = 0; i < count; ++i) FullIo(fd, buf.data(), size, false);
+    FullIo(fd, buf.data(), 1, true);
+  }
+  ::close(fd);
+}
+
+std::vector<Result> TcpClient(int port, const std::vector<size_t>& sizes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) Die("tcp connect");
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  size_t max = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<uint8_t> buf(std::max<size_t>(max, 8), 0x5a);
+  std::vector<Result> results;
+  for (size_t size : sizes) {
+    std::vector<double> rtt;
+    bench::ReserveTouched(&rtt, Iters(size));
+    for (int i = 0; i < Iters(size); ++i) {
+      int64_t t0 = bench::NowNs();
+      FullIo(fd, buf.data(), size, true);
+      FullIo(fd, buf.data(), size, false);
+      rtt.push_back((bench::NowNs() - t0) / 1000.0);
+    }
+    int64_t count = StreamCount(size);
+    int64_t t0 = bench::NowNs();
+    for (int64_t i = 0; i < count; ++i) FullIo(fd, buf.data(), size, true);
+    FullIo(fd, buf.data(), 1, false);
+    double secs = (bench::NowNs() - t0) / 1e9;
+    results.push_back(Summarize(rtt, size, static_cast<double>(size) * count / secs / 1e9));
+  }
+  ::close(fd);
+  return results;
+}
+
+}  // namespace zsock::provider_bench
