@@ -94,18 +94,17 @@ int TimeoutMs() {
       std::min<int64_t>(absl::ToInt64Milliseconds(g_child.opt->timeout), 1 << 30));
 }
 
+void SetIo() {
+  g_child.calls = {g_child.ops->send, g_child.ops->recv, g_child.ops->poll};
+  g_child.io = {.peer = "the peer",
+                .fix = "a peer is hung: rerun with ZSOCK_LOG_LEVEL=debug, or raise --timeout "
+                       "if the machine is very loaded",
+                .idle_limit = g_child.opt->timeout,
+                .calls = &g_child.calls};
+}
+
 void WaitFd(int fd, short events, absl::string_view what) {
-  pollfd pfd{fd, events, 0};
-  for (;;) {
-    int n = g_child.ops->poll(&pfd, 1, TimeoutMs());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) Die(absl::StrCat("poll during ", what, " failed: ", Errno(errno)));
-    if (n == 0) {
-      Die(absl::StrCat("the peer made no progress for ",
-                       absl::FormatDuration(g_child.opt->timeout), " during ", what));
-    }
-    return;
-  }
+  if (absl::Status st = ChildIo(fd).Wait(events, what); !st.ok()) Die(std::string(st.message()));
 }
 
 namespace {

@@ -17,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bench/options.h"
 #include "bench/plan.h"
 #include "bench/sockops.h"
+#include "core/bootstrap_io.h"
 
 namespace zsock::bench::internal {
 
@@ -30,6 +32,10 @@ struct ChildEnv {
   const Options* opt = nullptr;
   const Run* run = nullptr;
   const SockOps* ops = nullptr;
+  // The socket calls of `ops`, and the limits of every wait (--timeout),
+  // for core's exact-length I/O (SetIo).
+  SocketCalls calls{};
+  BootstrapIo::Options io;
   int out_fd = -1;
   std::string role;
   int index = 0;  // client index
@@ -56,48 +62,28 @@ void PrintStats(int fd, int point);
 
 // --timeout in milliseconds, for poll.
 int TimeoutMs();
+// Sets g_child's calls and io from its ops and options (after fork).
+void SetIo();
+// Exact-length I/O on `fd` through the run's sockets, each wait bounded by
+// --timeout (core/bootstrap_io.h).
+inline BootstrapIo ChildIo(int fd) { return BootstrapIo(fd, absl::InfiniteFuture(), g_child.io); }
+
 // Waits until `fd` is ready for `events`; dies after --timeout.
 void WaitFd(int fd, short events, absl::string_view what);
 
-// Sends all `len` bytes (waiting where the socket is full). Inline: it is
-// on the timed path of every message.
+// Sends all `len` bytes (waiting where the socket is full); dies on
+// failure. Inline: it is on the timed path of every message.
 inline void SendAll(int fd, const void* buf, size_t len, absl::string_view what) {
-  const auto* p = static_cast<const uint8_t*>(buf);
-  while (len > 0) {
-    ssize_t n = g_child.ops->send(fd, p, len, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      WaitFd(fd, POLLOUT, what);
-      continue;
-    }
-    Die(absl::StrCat("send during ", what, " failed: ",
-                     n == 0 ? std::string("sent 0 bytes") : Errno(errno)));
+  if (absl::Status st = ChildIo(fd).Write(buf, len, what); ABSL_PREDICT_FALSE(!st.ok())) {
+    Die(std::string(st.message()));
   }
 }
 
 // Receives exactly `len` bytes; dies if the peer closes first. Inline: it is
 // on the timed path of every message.
 inline void RecvAll(int fd, void* buf, size_t len, absl::string_view what) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (len > 0) {
-    ssize_t n = g_child.ops->recv(fd, p, len, 0);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) Die(absl::StrCat("the peer closed the connection during ", what));
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      WaitFd(fd, POLLIN, what);
-      continue;
-    }
-    Die(absl::StrCat("recv during ", what, " failed: ", Errno(errno)));
+  if (absl::Status st = ChildIo(fd).Read(buf, len, what); ABSL_PREDICT_FALSE(!st.ok())) {
+    Die(std::string(st.message()));
   }
 }
 

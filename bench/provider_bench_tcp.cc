@@ -15,18 +15,18 @@
 #include "bench/clock.h"
 #include "bench/provider_bench.h"
 #include "bench/samples.h"
+#include "core/bootstrap_io.h"
 
 namespace zsock::provider_bench {
 namespace {
 
+// The baseline's blocking sockets never time out: a stuck peer is the
+// parent's to notice.
 void FullIo(int fd, void* buf, size_t len, bool write) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (len > 0) {
-    ssize_t n = write ? ::send(fd, p, len, MSG_NOSIGNAL) : ::recv(fd, p, len, 0);
-    if (n <= 0) Die(absl::StrCat("tcp ", write ? "send" : "recv", " failed: ", std::strerror(errno)));
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
+  BootstrapIo io(fd, absl::InfiniteFuture(), {.peer = "the tcp baseline's peer"});
+  absl::Status st =
+      write ? io.Write(buf, len, "the tcp baseline") : io.Read(buf, len, "the tcp baseline");
+  if (!st.ok()) Die(std::string(st.message()));
 }
 
 }  // namespace

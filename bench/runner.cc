@@ -93,6 +93,7 @@ void Pin(int core) {
   env.role = role;
   env.index = index;
   env.port = port;
+  internal::SetIo();
   for (const auto& [k, v] : run.transport->env) setenv(k.c_str(), v.c_str(), 1);
   // The parent may have loaded the configuration already (logging does):
   // this child's ZSOCK_MODE/ZSOCK_PROVIDER must take effect.

@@ -1,12 +1,10 @@
 #include "core/bootstrap_io.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/status.h"
 
 namespace zsock {
@@ -25,77 +23,46 @@ const SocketCalls& KernelSocketCalls() {
   return kCalls;
 }
 
-BootstrapIo::BootstrapIo(int fd, absl::Time deadline, Options options)
-    : fd_(fd), deadline_(deadline), opt_(std::move(options)),
-      calls_(opt_.calls != nullptr ? opt_.calls : &KernelSocketCalls()) {}
-
-absl::Status BootstrapIo::TimedOut(absl::string_view what) const {
-  std::string when = opt_.idle_limit == absl::InfiniteDuration()
-                         ? std::string("in time")
-                         : absl::StrCat("within ", absl::FormatDuration(opt_.idle_limit));
-  return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                   absl::StrCat(opt_.peer, " did not ", what, " ", when), opt_.fix);
-}
-
 absl::Status BootstrapIo::Wait(short events, absl::string_view what) {
   const bool idle = opt_.idle_limit != absl::InfiniteDuration();
   const absl::Time until = idle ? absl::Now() + opt_.idle_limit : deadline_;
   for (;;) {
-    int64_t left_ms = absl::ToInt64Milliseconds(until - absl::Now());
-    if (left_ms <= 0 && until != absl::InfiniteFuture()) return TimedOut(what);
-    // Slices of at most a second, so a clock step cannot stretch the wait.
-    int slice = until == absl::InfiniteFuture() ? 1000 : static_cast<int>(std::min<int64_t>(left_ms, 1000));
+    // Slices of at most a second, so that a clock step cannot stretch it.
+    int slice = 1000;
+    if (until != absl::InfiniteFuture()) {
+      int64_t left_ms = absl::ToInt64Milliseconds(until - absl::Now());
+      if (left_ms <= 0) {
+        std::string msg = idle ? absl::StrCat(opt_.peer, " made no progress for ",
+                                              absl::FormatDuration(opt_.idle_limit), " during ",
+                                              what)
+                               : absl::StrCat(opt_.peer, " did not complete ", what, " in time");
+        return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT, msg, opt_.fix);
+      }
+      slice = static_cast<int>(std::min<int64_t>(left_ms, 1000));
+    }
     pollfd pfd{fd_, events, 0};
     int rc = calls_->poll(&pfd, 1, slice);
     if (rc < 0 && errno != EINTR) {
-      return ErrnoError(errno, absl::StrCat("poll while waiting for ", opt_.peer, " failed"));
+      return ErrnoError(errno, absl::StrCat("poll during ", what, " with ", opt_.peer, " failed"));
     }
     if (rc > 0) return absl::OkStatus();
   }
 }
 
-absl::Status BootstrapIo::Write(const void* data, size_t len, absl::string_view what) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (len > 0) {
-    ssize_t n = calls_->send(fd_, p, len, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (absl::Status st = Wait(POLLOUT, what); !st.ok()) return st;
-      continue;
-    }
-    return ErrnoError(n < 0 ? errno : EPIPE, absl::StrCat("sending to ", opt_.peer, " failed"),
-                      opt_.fix);
+absl::Status BootstrapIo::AfterShortIo(ssize_t n, short events, absl::string_view what) {
+  const bool sending = events == POLLOUT;
+  if (n == 0 && !sending) {
+    return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
+                     absl::StrCat(opt_.peer, " closed the connection during ", what), opt_.fix);
   }
-  return absl::OkStatus();
-}
-
-absl::Status BootstrapIo::Read(void* data, size_t len, absl::string_view what) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (len > 0) {
-    ssize_t n = calls_->recv(fd_, p, len, 0);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
-                       absl::StrCat(opt_.peer, " closed the connection before it could ", what),
-                       opt_.fix);
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (absl::Status st = Wait(POLLIN, what); !st.ok()) return st;
-      continue;
-    }
-    return ErrnoError(errno, absl::StrCat("receiving from ", opt_.peer, " failed"), opt_.fix);
-  }
-  return absl::OkStatus();
+  if (n < 0 && errno == EINTR) return absl::OkStatus();
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Wait(events, what);
+  // A send that took nothing without an error is a closed peer too.
+  const int err = n < 0 ? errno : EPIPE;
+  return ErrnoError(err,
+                    absl::StrCat(sending ? "sending " : "receiving ", what,
+                                 sending ? " to " : " from ", opt_.peer, " failed"),
+                    opt_.fix);
 }
 
 absl::Status BootstrapIo::SendFrame(uint32_t type, absl::string_view payload) {
@@ -107,18 +74,16 @@ absl::Status BootstrapIo::SendFrame(uint32_t type, absl::string_view payload) {
 
 absl::StatusOr<std::string> BootstrapIo::RecvFrame(uint32_t type, size_t max_len) {
   uint32_t head[2];
-  if (absl::Status st = Read(head, sizeof(head), "send its handshake"); !st.ok()) return st;
+  if (absl::Status st = Read(head, sizeof(head)); !st.ok()) return st;
   if (head[0] != type || head[1] > max_len) {
     return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
-                     absl::StrCat("malformed handshake frame from ", opt_.peer, " (type ", head[0],
-                                  ", ", head[1], " bytes; expected type ", type, ", at most ",
-                                  max_len, " bytes)"),
+                     absl::StrCat("malformed handshake frame from ", opt_.peer, " (type 0x",
+                                  absl::Hex(head[0]), ", ", head[1], " bytes; expected type 0x",
+                                  absl::Hex(type), ", at most ", max_len, " bytes)"),
                      opt_.fix);
   }
   std::string payload(head[1], '\0');
-  if (absl::Status st = Read(payload.data(), payload.size(), "send its handshake"); !st.ok()) {
-    return st;
-  }
+  if (absl::Status st = Read(payload.data(), payload.size()); !st.ok()) return st;
   return payload;
 }
 

@@ -90,9 +90,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> TcpFabric::Connect(absl::string_view a
   const absl::Time deadline = absl::Now() + timeout;
   int err = ::connect(sock->get(), to->get(), to->len) == 0 ? 0 : errno;
   if (err == EINPROGRESS) {
-    BootstrapIo io(sock->get(), deadline,
-                   {absl::StrCat("the tcp listener ", address), CheckListener(address)});
-    if (absl::Status st = io.Wait(POLLOUT, "accept the connection"); !st.ok()) return st;
+    const std::string who = absl::StrCat("the tcp listener ", address);
+    const std::string fix = CheckListener(address);
+    BootstrapIo io(sock->get(), deadline, {who, fix});
+    if (absl::Status st = io.Wait(POLLOUT, "the connection"); !st.ok()) return st;
     socklen_t len = sizeof(err);
     ::getsockopt(sock->get(), SOL_SOCKET, SO_ERROR, &err, &len);
   }
@@ -107,9 +108,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> TcpFabric::Handshake(Fd sock, const So
                                                                TcpCq* cq, absl::Time deadline,
                                                                bool active) {
   const std::string name = peer.ToString();
-  BootstrapIo io(sock.get(), deadline,
-                 {absl::StrCat("the tcp peer ", name),
-                  active ? CheckListener(name) : "only zsock tcp endpoints may connect here"});
+  const std::string who = absl::StrCat("the tcp peer ", name);
+  const std::string fix =
+      active ? CheckListener(name) : "only zsock tcp endpoints may connect here";
+  BootstrapIo io(sock.get(), deadline, {who, fix});
   // Both sides speak first: TCP buffers the hellos, so neither waits.
   const std::string hello(reinterpret_cast<const char*>(&kVersion), sizeof(kVersion));
   if (absl::Status st = io.SendFrame(kHelloMagic, hello); !st.ok()) return st;

@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> UcxFabric::Connect(absl::string_view a
     if (::connect(fd, reinterpret_cast<sockaddr*>(&*sa), len) != 0) {
       err = errno;
       if (err == EINPROGRESS) {
-        if (auto st = HandshakeIo(fd, deadline).Wait(POLLOUT, "accept the connection"); !st.ok()) {
+        if (auto st = HandshakeIo(fd, deadline).Wait(POLLOUT, "the connection"); !st.ok()) {
           return st;
         }
         socklen_t elen = sizeof(err);

@@ -35,7 +35,7 @@
 #include "core/provider.h"
 #include "providers/verbs/credits.h"
 #include "providers/verbs/matcher.h"
-#include "providers/verbs/slab.h"
+#include "core/slab.h"
 #include "providers/verbs/wire.h"
 #include "providers/verbs/work_request.h"
 

@@ -35,7 +35,7 @@
 #include "providers/verbs/reg_table.h"
 #include "providers/verbs/region.h"
 #include "providers/verbs/settings.h"
-#include "providers/verbs/slab.h"
+#include "core/slab.h"
 #include "providers/verbs/wire.h"
 
 namespace zsock::verbs {

@@ -9,8 +9,8 @@
 //
 // Generic over the provider: registration is the caller's function, and
 // the slab keeps the MemoryRegion it returns. Not thread-safe.
-#ifndef ZSOCK_PROVIDERS_VERBS_SLAB_H_
-#define ZSOCK_PROVIDERS_VERBS_SLAB_H_
+#ifndef ZSOCK_CORE_SLAB_H_
+#define ZSOCK_CORE_SLAB_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "core/provider.h"
 
-namespace zsock::verbs {
+namespace zsock {
 
 class Slab {
  public:
@@ -79,6 +79,6 @@ class Slab {
   std::deque<size_t> free_;
 };
 
-}  // namespace zsock::verbs
+}  // namespace zsock
 
-#endif  // ZSOCK_PROVIDERS_VERBS_SLAB_H_
+#endif  // ZSOCK_CORE_SLAB_H_

@@ -1,6 +1,6 @@
 // Slab (slab.h): one registration for the whole slab, slots addressed by
 // index and zeroed, the pool's FIFO order, and a failed registration.
-#include "providers/verbs/slab.h"
+#include "core/slab.h"
 
 #include <cstdint>
 #include <memory>
@@ -9,7 +9,7 @@
 #include "core/provider.h"
 #include "gtest/gtest.h"
 
-namespace zsock::verbs {
+namespace zsock {
 namespace {
 
 class FakeRegion final : public MemoryRegion {
@@ -113,4 +113,4 @@ TEST(Slab, FailedRegistrationIsReturnedAndLeavesNoPool) {
 }
 
 }  // namespace
-}  // namespace zsock::verbs
+}  // namespace zsock
