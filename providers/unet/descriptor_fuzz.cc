@@ -64,7 +64,7 @@ class Receiver {
                     sizeof(Desc) * (pos++ & (l_.ring_entries - 1));
     std::memcpy(slot, bytes, sizeof(Desc));
     const auto* d = reinterpret_cast<const Desc*>(slot);
-    Chunk c;
+    Chunk c{};
     const bool valid = ReadChunk(d, ctl, l_, rx_.get(), &c);
     if (rewrite) {
       for (size_t i = 0; i < sizeof(Desc); ++i) slot[i] = static_cast<uint8_t>(~slot[i]);
