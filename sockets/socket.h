@@ -41,13 +41,6 @@
 
 namespace zsock {
 
-// Socket options of level SOL_ZSOCK (sockets/zsock.h has the C names).
-inline constexpr int kSolZsock = 0x7a73;   // "zs"
-inline constexpr int kSoMode = 1;          // int: 0 bcopy, 1 zcopy
-inline constexpr int kSoZcopyThreshold = 2;  // int: bytes
-inline constexpr int kSoAutocork = 3;        // int: 0 off, 1 on
-inline constexpr int kSoStats = 4;           // read-only struct zs_stats
-
 // The engine every socket of this process uses (created on first use).
 absl::StatusOr<sdp::Engine*> SocketEngine();
 
@@ -77,6 +70,8 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // Graceful (or abortive with SO_LINGER {1, 0}); the fd is closed.
   absl::Status Close();
 
+  // Options of levels SOL_SOCKET, IPPROTO_TCP and SOL_ZSOCK (zsock's own,
+  // named in sockets/zsock.h); others fail with ENOPROTOOPT.
   absl::Status SetOption(int level, int name, const void* value, socklen_t len);
   absl::Status GetOption(int level, int name, void* value, socklen_t* len);
   absl::StatusOr<SocketAddress> LocalAddress() const;
@@ -113,6 +108,23 @@ class Socket : public std::enable_shared_from_this<Socket> {
   sdp::ConnectionOptions OptionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<sdp::Connection> conn() const;
   absl::Status ConnectError(const absl::Status& why, const SocketAddress& to);
+  // A non-blocking connect's thread: connects, then attaches the
+  // connection or records why it failed (SO_ERROR).
+  void FinishConnect(sdp::Engine* engine, const std::string& target,
+                     const sdp::ConnectionOptions& options, const SocketAddress& to);
+  // An accepted socket's local address: the listener's, with a wildcard
+  // replaced by the local address that reaches the peer.
+  void SetAcceptedLocalAddress(Socket& accepted);
+  // SetOption and GetOption by level (GetOption has checked `value` and
+  // `len` for null; the setters check `value` and `len` themselves).
+  absl::Status SetSocketLevelOptionLocked(int name, const void* value, socklen_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetZsockOptionLocked(int name, const void* value, socklen_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status GetSocketLevelOptionLocked(int name, void* value, socklen_t* len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status GetZsockOptionLocked(int name, void* value, socklen_t* len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A listening socket's acceptor thread: takes provider connections and
   // completes their handshakes (provider set-up and SDP Hello) in the
   // background, queueing finished connections (at most backlog_) for
@@ -172,8 +184,7 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // connection: pinned_conn_ keeps the Connection object until the socket
   // goes (after Close it is an empty handle), and sdp::Connection::Close
   // lets calls in progress leave first. Per message this saves a lock and
-  // a reference count, four atomic instructions, about a fifth of
-  // msgrate's time (docs/sockets.md).
+  // a reference count, four atomic instructions (docs/sockets.md).
   std::atomic<sdp::Connection*> fast_conn_{nullptr};
   std::shared_ptr<sdp::Connection> pinned_conn_ ABSL_GUARDED_BY(mu_);
   void UpdateFastLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -182,19 +193,6 @@ class Socket : public std::enable_shared_from_this<Socket> {
   absl::StatusOr<size_t> SendResult(absl::StatusOr<size_t> n, int flags);
   absl::StatusOr<size_t> RecvResult(absl::StatusOr<size_t> n);
 };
-
-// The process's table of zsock sockets by fd number (for the C API and the
-// interposer).
-std::shared_ptr<Socket> FindSocket(int fd);
-// The same socket borrowed from this thread's lookup cache, for the data
-// calls (zs_send, zs_recv, ...): valid until this thread's next lookup or
-// RemoveSocket. No data call makes one; a signal handler running zs_* on
-// this thread could, so Send raises SIGPIPE last, touching nothing of the
-// socket after it. It saves the two atomic operations of a shared_ptr
-// copy, a twentieth of a small send plus receive.
-Socket* FindSocketForCall(int fd);
-void AddSocket(std::shared_ptr<Socket> s);
-std::shared_ptr<Socket> RemoveSocket(int fd);
 
 }  // namespace zsock
 

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "sockets/socket.h"
+#include "sockets/socket_table.h"
 
 namespace zsock {
 namespace {
