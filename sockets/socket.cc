@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "sockets/socket_table.h"
 
 namespace zsock {
 
@@ -164,7 +165,12 @@ absl::Status Socket::Close() {
   }
   l.reset();
   MutexLock rl(&rfd_mu_);
-  rfd_.reset();  // closes fd_
+  // The number leaves the socket table as it is closed, in one step: until
+  // then calls on it find this socket and are refused (EBADF). Out of the
+  // table any earlier, a call would go to libc with the number of the
+  // mirror's socketpair, still open: a recv there would take the mirror's
+  // tokens for data, a send would write into the mirror.
+  UnlistSocket(this, fd_, [&] { rfd_.reset(); });  // closes fd_
   fd_ = -1;
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.h"
@@ -74,27 +75,31 @@ Socket* FindSocketForCall(int fd) { return Lookup(fd).get(); }
 
 void AddSocket(std::shared_ptr<Socket> s) {
   Table& t = GetTable();
+  std::shared_ptr<Socket> old;  // dropped outside the lock: it may close
   t.mu.Lock();
   const int fd = s->fd();
   const size_t i = static_cast<size_t>(fd);
   if (i >= t.by_fd.size()) t.by_fd.resize(std::max(i + 1, t.by_fd.size() * 2));
-  t.by_fd[i] = std::move(s);
+  old = std::exchange(t.by_fd[i], std::move(s));
   GenOf(t, fd).fetch_add(1, std::memory_order_release);
   t.mu.Unlock();
 }
 
-std::shared_ptr<Socket> RemoveSocket(int fd) {
-  if (fd < 0) return nullptr;
+void UnlistSocket(const Socket* s, int fd, absl::FunctionRef<void()> close_fd) {
+  if (fd < 0) return;
   Table& t = GetTable();
+  std::shared_ptr<Socket> listed;  // dropped outside the lock
   t.mu.Lock();
-  std::shared_ptr<Socket> s;
-  if (static_cast<size_t>(fd) < t.by_fd.size()) s = std::move(t.by_fd[static_cast<size_t>(fd)]);
-  GenOf(t, fd).fetch_add(1, std::memory_order_release);
+  const size_t i = static_cast<size_t>(fd);
+  if (i < t.by_fd.size() && t.by_fd[i].get() == s) {
+    listed = std::move(t.by_fd[i]);
+    GenOf(t, fd).fetch_add(1, std::memory_order_release);
+  }
+  close_fd();
   t.mu.Unlock();
   // This thread's entry goes now (other threads' go at their next lookup).
-  CachedSocket& e = t_cache[static_cast<size_t>(fd) % kCacheEntries];
-  if (e.fd == fd) e = CachedSocket{};
-  return s;
+  CachedSocket& e = t_cache[i % kCacheEntries];
+  if (e.fd == fd && e.socket.get() == s) e = CachedSocket{};
 }
 
 }  // namespace zsock

@@ -13,20 +13,25 @@
 
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "sockets/socket.h"
 
 namespace zsock {
 
 std::shared_ptr<Socket> FindSocket(int fd);
 // The same socket borrowed from this thread's lookup cache, for the data
-// calls (zs_send, zs_recv, ...): valid until this thread's next lookup or
-// RemoveSocket. No data call makes one; a signal handler running zs_* on
-// this thread could, so Send raises SIGPIPE last, touching nothing of the
-// socket after it. It saves the two atomic operations of a shared_ptr
-// copy per call.
+// calls (zs_send, zs_recv, ...): valid until this thread's next lookup.
+// No data call makes one; a signal handler running zs_* on this thread
+// could, so Send raises SIGPIPE last, touching nothing of the socket after
+// it. It saves the two atomic operations of a shared_ptr copy per call.
 Socket* FindSocketForCall(int fd);
 void AddSocket(std::shared_ptr<Socket> s);
-std::shared_ptr<Socket> RemoveSocket(int fd);
+// Closes `s`'s fd number `fd` (by `close_fd`) and takes s out of the table
+// in one step, under the table's lock (Socket::Close does, last). Until
+// then a call on the number finds s (closed: EBADF); after it the call goes
+// to libc, and so to whoever the kernel gives the number next. The caller
+// holds a reference to s (no socket is destroyed here).
+void UnlistSocket(const Socket* s, int fd, absl::FunctionRef<void()> close_fd);
 
 }  // namespace zsock
 
