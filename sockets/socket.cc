@@ -36,7 +36,9 @@ absl::StatusOr<sdp::Engine*> SocketEngine() {
 }
 
 Socket::Socket(int family, std::unique_ptr<ReadinessFd> rfd, bool nonblocking)
-    : family_(family), fd_(rfd->fd()), nonblocking_(nonblocking), rfd_(std::move(rfd)) {}
+    : family_(family), fd_(rfd->fd()), nonblocking_(nonblocking), rfd_(std::move(rfd)) {
+  PrepareCallErrors();  // before any call can be refused
+}
 
 Socket::~Socket() {
   (void)Close();
@@ -65,16 +67,35 @@ absl::StatusOr<std::shared_ptr<Socket>> Socket::FromConnection(
   return s;
 }
 
-void Socket::UpdateFastLocked() {
-  const bool fast = state_ == State::kConnected && conn_ != nullptr && !shut_rd_ && !shut_wr_;
-  fast_conn_.store(fast ? conn_.get() : nullptr, std::memory_order_release);
+void Socket::SetStateLocked(State state) {
+  state_ = state;
+  PublishLocked();
+}
+
+void Socket::PublishLocked() {
+  CallTarget send, recv;
+  switch (state_) {
+    case State::kConnected:
+      send = shut_wr_ ? CallTarget(CallTarget::kShutDown) : CallTarget(conn_.get());
+      recv = shut_rd_ ? CallTarget(CallTarget::kShutDown) : CallTarget(conn_.get());
+      break;
+    case State::kConnecting:
+      send = recv = CallTarget(CallTarget::kConnecting);
+      break;
+    case State::kClosed:
+      send = recv = CallTarget(CallTarget::kClosed);
+      break;
+    default:
+      break;  // unconnected
+  }
+  send_target_.store(send, std::memory_order_release);
+  recv_target_.store(recv, std::memory_order_release);
 }
 
 void Socket::Attach(std::shared_ptr<sdp::Connection> conn) {
   conn_ = conn;
   pinned_conn_ = conn;
-  state_ = State::kConnected;
-  UpdateFastLocked();
+  SetStateLocked(State::kConnected);
   if (peer_.len == 0) {
     // The address the peer's socket announced in its SDP Hello; else the
     // provider's view of the peer.
@@ -115,7 +136,7 @@ absl::Status Socket::Shutdown(int how) {
     c = conn_;
     if (how != SHUT_WR) shut_rd_ = true;
     if (how != SHUT_RD) shut_wr_ = true;
-    UpdateFastLocked();
+    PublishLocked();
   }
   absl::Status s = c->Shutdown(how);
   if (how != SHUT_WR) {
@@ -133,9 +154,8 @@ absl::Status Socket::Close() {
   {
     MutexLock lock(&mu_);
     if (state_ == State::kClosed) return absl::OkStatus();
-    state_ = State::kClosed;
     c = std::move(conn_);
-    UpdateFastLocked();
+    SetStateLocked(State::kClosed);
     l = std::move(listener_);
     port_reservation_.reset();
     abortive = linger_.l_onoff && linger_.l_linger == 0;

@@ -178,16 +178,42 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // before it lets go.
   sdp::Connection* live_conn_ ABSL_GUARDED_BY(rfd_mu_) = nullptr;
 
-  // Send and Recv's way around mu_: the connection while the socket is
-  // connected and shut down in neither direction, else nullptr (then they
-  // take mu_ and copy conn_). Such a call holds no reference on the
-  // connection: pinned_conn_ keeps the Connection object until the socket
-  // goes (after Close it is an empty handle), and sdp::Connection::Close
-  // lets calls in progress leave first. Per message this saves a lock and
-  // a reference count, four atomic instructions (docs/sockets.md).
-  std::atomic<sdp::Connection*> fast_conn_{nullptr};
+  // What a Send or a Recv calls, one word per direction: the connection
+  // while the socket is connected and not shut down that way, else why the
+  // call is refused (the socket's state). Published under mu_ at every
+  // change (SetStateLocked, PublishLocked) and read with one atomic load,
+  // so the calls take no lock of the socket's: per message that saves a
+  // lock and a reference count (four atomic instructions; docs/sockets.md),
+  // and a refused call stays async-signal-safe. Such a call holds no
+  // reference on the connection: pinned_conn_ keeps the Connection object
+  // until the socket goes (after Close it is an empty handle), and
+  // sdp::Connection::Close lets calls in progress leave first.
+  class CallTarget {
+   public:
+    enum Refusal : uintptr_t { kUnconnected = 0, kConnecting = 1, kClosed = 2, kShutDown = 3 };
+    CallTarget() = default;
+    explicit CallTarget(Refusal why) : word_(why) {}
+    explicit CallTarget(sdp::Connection* c) : word_(reinterpret_cast<uintptr_t>(c)) {}
+    // Null when refused; no object lives at the addresses of the refusals.
+    sdp::Connection* connection() const {
+      return word_ > kShutDown ? reinterpret_cast<sdp::Connection*>(word_) : nullptr;
+    }
+    Refusal refusal() const { return static_cast<Refusal>(word_); }
+
+   private:
+    uintptr_t word_ = kUnconnected;
+  };
+  static_assert(std::atomic<CallTarget>::is_always_lock_free);
+  std::atomic<CallTarget> send_target_{}, recv_target_{};
   std::shared_ptr<sdp::Connection> pinned_conn_ ABSL_GUARDED_BY(mu_);
-  void UpdateFastLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refused call's result: its errno (without allocating: the errors are
+  // prepared by the constructor, PrepareCallErrors), and for a send after
+  // SHUT_WR, SIGPIPE.
+  static absl::StatusOr<size_t> RefuseSend(CallTarget::Refusal why, bool dontwait, int flags);
+  static absl::StatusOr<size_t> RefuseRecv(CallTarget::Refusal why, bool dontwait);
+  static void PrepareCallErrors();
   // The endings of Send and Recv on either path: the errno a timeout or
   // EAGAIN maps to, readiness, and Send's SIGPIPE.
   absl::StatusOr<size_t> SendResult(absl::StatusOr<size_t> n, int flags);

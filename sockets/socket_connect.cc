@@ -72,7 +72,7 @@ absl::Status Socket::Bind(const sockaddr* addr, socklen_t len) {
     port_reservation_ = std::move(*fd);
   }
   local_ = *a;
-  state_ = State::kBound;
+  SetStateLocked(State::kBound);
   return absl::OkStatus();
 }
 
@@ -119,7 +119,7 @@ absl::Status Socket::Listen(int backlog) {
   if (backlog > 0) ::listen((*l)->fd(), backlog);
   backlog_ = queue;
   listener_ = std::move(*l);
-  state_ = State::kListening;
+  SetStateLocked(State::kListening);
   acceptor_ = std::thread([this, lp = listener_.get()] { AcceptLoop(lp); });
   return absl::OkStatus();
 }
@@ -268,7 +268,7 @@ absl::Status Socket::Connect(const sockaddr* addr, socklen_t len) {
         break;
     }
     peer_ = *to;
-    state_ = State::kConnecting;
+    SetStateLocked(State::kConnecting);
     options = OptionsLocked();
     options.local_sockaddr = local_.ToString();
   }
@@ -287,7 +287,7 @@ absl::Status Socket::Connect(const sockaddr* addr, socklen_t len) {
   MutexLock lock(&mu_);
   if (state_ != State::kConnecting) return ErrnoError(EBADF, "connect: the socket was closed");
   if (!conn.ok()) {
-    state_ = State::kBound;
+    SetStateLocked(State::kBound);
     return ConnectError(conn.status(), *to);
   }
   Attach(std::shared_ptr<sdp::Connection>(std::move(*conn)));
@@ -304,7 +304,7 @@ void Socket::FinishConnect(sdp::Engine* engine, const std::string& target,
     return;
   }
   so_error_ = ConnectError(conn.status(), to);
-  state_ = State::kBound;
+  SetStateLocked(State::kBound);
   MutexLock rl(&rfd_mu_);
   if (rfd_) rfd_->SetHangup();  // POLLOUT|POLLERR-like; SO_ERROR says why
 }

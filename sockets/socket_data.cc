@@ -1,7 +1,13 @@
-// zsock::Socket's data calls: Send and Recv, on the lock-free path of a
-// connected socket (fast_conn_) or the locked one, and what their results
-// become (errno, readiness, SIGPIPE). The per-message path: its helpers
-// stay in this file so that they inline.
+// zsock::Socket's data calls: Send and Recv, and what their results become
+// (errno, readiness, SIGPIPE). The per-message path: its helpers stay in
+// this file so that they inline.
+//
+// Async-signal safety: send(2) and recv(2) may be called from a signal
+// handler, so a refused Send or Recv (closed, unconnected, connecting, shut
+// down, a timeout) allocates nothing and takes no lock: the socket's state
+// comes from one atomic word (CallTarget) and the error is a prepared one
+// (PreparedError, built when the socket was made). docs/sockets.md says
+// what else a handler's call meets.
 #include "sockets/socket.h"
 
 #include <pthread.h>
@@ -15,6 +21,18 @@
 
 namespace zsock {
 namespace {
+
+constinit const PreparedError kSendConnecting(EAGAIN, "send: the connection is not set up yet");
+constinit const PreparedError kSendConnectingBlocking(ENOTCONN,
+                                                      "send: the connection is not set up yet");
+constinit const PreparedError kSendClosed(EBADF, "send on an unconnected socket");
+constinit const PreparedError kSendUnconnected(ENOTCONN, "send on an unconnected socket");
+constinit const PreparedError kSendShutDown(EPIPE, "send after shutdown(SHUT_WR)");
+constinit const PreparedError kSendTimedOut(EAGAIN, "send: SO_SNDTIMEO expired");
+constinit const PreparedError kRecvConnecting(EAGAIN, "recv: the connection is not set up yet");
+constinit const PreparedError kRecvClosed(EBADF, "recv on an unconnected socket");
+constinit const PreparedError kRecvUnconnected(ENOTCONN, "recv on an unconnected socket");
+constinit const PreparedError kRecvTimedOut(EAGAIN, "recv: SO_RCVTIMEO expired");
 
 bool WouldBlock(const absl::Status& s) {
   int e = StatusErrno(s);
@@ -31,42 +49,48 @@ sdp::Deadline DeadlineFrom(const std::atomic<int64_t>& us) {
 
 }  // namespace
 
+void Socket::PrepareCallErrors() {
+  for (const PreparedError* e :
+       {&kSendConnecting, &kSendConnectingBlocking, &kSendClosed, &kSendUnconnected,
+        &kSendShutDown, &kSendTimedOut, &kRecvConnecting, &kRecvClosed, &kRecvUnconnected,
+        &kRecvTimedOut}) {
+    e->Prepare();
+  }
+}
+
 absl::StatusOr<size_t> Socket::Send(std::span<const iovec> iov, int flags) {
-  const int f = nonblocking() || (flags & MSG_DONTWAIT) ? MSG_DONTWAIT : 0;
-  if (sdp::Connection* fc = fast_conn_.load(std::memory_order_acquire)) {
-    return SendResult(fc->Send(iov, f, DeadlineFrom(sndtimeo_us_)), flags);
+  const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
+  const CallTarget target = send_target_.load(std::memory_order_acquire);
+  sdp::Connection* c = target.connection();
+  if (c == nullptr) [[unlikely]] {
+    return RefuseSend(target.refusal(), dontwait, flags);
   }
-  std::shared_ptr<sdp::Connection> c;
-  sdp::Deadline deadline = absl::InfiniteFuture();
-  bool shut_wr = false;
-  {
-    MutexLock lock(&mu_);
-    if (state_ == State::kConnecting) {
-      return ErrnoError(nonblocking() || (flags & MSG_DONTWAIT) ? EAGAIN : ENOTCONN,
-                        "send: the connection is not set up yet");
+  return SendResult(c->Send(iov, dontwait ? MSG_DONTWAIT : 0, DeadlineFrom(sndtimeo_us_)), flags);
+}
+
+absl::StatusOr<size_t> Socket::RefuseSend(CallTarget::Refusal why, bool dontwait, int flags) {
+  switch (why) {
+    case CallTarget::kConnecting:
+      return dontwait ? kSendConnecting.Get() : kSendConnectingBlocking.Get();
+    case CallTarget::kClosed:
+      return kSendClosed.Get();
+    case CallTarget::kShutDown: {
+      // Touching nothing of the socket afterwards (this is static): a
+      // SIGPIPE handler may call zs_* itself (and, through the lookup
+      // cache, drop the last reference to a socket another thread closed).
+      absl::Status err = kSendShutDown.Get();
+      if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
+      return err;
     }
-    if (state_ != State::kConnected) {
-      return ErrnoError(state_ == State::kClosed ? EBADF : ENOTCONN,
-                        "send on an unconnected socket");
-    }
-    c = conn_;
-    deadline = DeadlineFrom(sndtimeo_us_);
-    shut_wr = shut_wr_;
+    case CallTarget::kUnconnected:
+      break;
   }
-  if (shut_wr) {
-    // Outside mu_, and touching nothing of this socket afterwards: a
-    // SIGPIPE handler may call zs_* itself (and, through the lookup cache,
-    // drop the last reference to a socket another thread closed).
-    absl::Status err = ErrnoError(EPIPE, "send after shutdown(SHUT_WR)");
-    if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
-    return err;
-  }
-  return SendResult(c->Send(iov, f, deadline), flags);
+  return kSendUnconnected.Get();
 }
 
 absl::StatusOr<size_t> Socket::SendResult(absl::StatusOr<size_t> n, int flags) {
   if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
-    return ErrnoError(EAGAIN, "send: SO_SNDTIMEO expired");  // what send(2) reports
+    return kSendTimedOut.Get();  // what send(2) reports
   }
   if (!n.ok()) {
     if (WouldBlock(n.status())) MarkUnwritable();
@@ -79,32 +103,33 @@ absl::StatusOr<size_t> Socket::SendResult(absl::StatusOr<size_t> n, int flags) {
 }
 
 absl::StatusOr<size_t> Socket::Recv(std::span<const iovec> iov, int flags) {
-  int f = flags & (MSG_PEEK | MSG_WAITALL);
-  if (nonblocking() || (flags & MSG_DONTWAIT)) f |= MSG_DONTWAIT;
-  if (sdp::Connection* fc = fast_conn_.load(std::memory_order_acquire)) {
-    return RecvResult(fc->Recv(iov, f, DeadlineFrom(rcvtimeo_us_)));
+  const bool dontwait = nonblocking() || (flags & MSG_DONTWAIT);
+  const CallTarget target = recv_target_.load(std::memory_order_acquire);
+  sdp::Connection* c = target.connection();
+  if (c == nullptr) [[unlikely]] {
+    return RefuseRecv(target.refusal(), dontwait);
   }
-  std::shared_ptr<sdp::Connection> c;
-  sdp::Deadline deadline = absl::InfiniteFuture();
-  {
-    MutexLock lock(&mu_);
-    if (state_ == State::kConnecting && (nonblocking() || (flags & MSG_DONTWAIT))) {
-      return ErrnoError(EAGAIN, "recv: the connection is not set up yet");
-    }
-    if (state_ != State::kConnected) {
-      return ErrnoError(state_ == State::kClosed ? EBADF : ENOTCONN,
-                        "recv on an unconnected socket");
-    }
-    if (shut_rd_) return size_t{0};
-    c = conn_;
-    deadline = DeadlineFrom(rcvtimeo_us_);
+  const int f = (flags & (MSG_PEEK | MSG_WAITALL)) | (dontwait ? MSG_DONTWAIT : 0);
+  return RecvResult(c->Recv(iov, f, DeadlineFrom(rcvtimeo_us_)));
+}
+
+absl::StatusOr<size_t> Socket::RefuseRecv(CallTarget::Refusal why, bool dontwait) {
+  switch (why) {
+    case CallTarget::kConnecting:
+      return dontwait ? kRecvConnecting.Get() : kRecvUnconnected.Get();
+    case CallTarget::kClosed:
+      return kRecvClosed.Get();
+    case CallTarget::kShutDown:
+      return size_t{0};  // after shutdown(SHUT_RD), as TCP
+    case CallTarget::kUnconnected:
+      break;
   }
-  return RecvResult(c->Recv(iov, f, deadline));
+  return kRecvUnconnected.Get();
 }
 
 absl::StatusOr<size_t> Socket::RecvResult(absl::StatusOr<size_t> n) {
   if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
-    return ErrnoError(EAGAIN, "recv: SO_RCVTIMEO expired");
+    return kRecvTimedOut.Get();
   }
   if (!n.ok() && WouldBlock(n.status())) MarkUnreadable();
   return n;

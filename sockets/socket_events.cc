@@ -48,9 +48,12 @@ void Socket::MarkUnreadable() { MarkNotReady(sdp::kReadable); }
 void Socket::MarkUnwritable() { MarkNotReady(sdp::kWritable); }
 
 void Socket::MarkNotReady(uint32_t bit) {
-  auto c = conn();
+  // The connection from live_conn_ under rfd_mu_, not conn_ under mu_: a
+  // send or receive that met EAGAIN takes no lock of the socket but this
+  // one (socket_data.cc).
   MutexLock lock(&rfd_mu_);
   if (!rfd_) return;
+  sdp::Connection* c = live_conn_;
   const auto set = [&](bool on) {
     if (bit == sdp::kReadable) {
       rfd_->SetReadable(on);
