@@ -122,12 +122,13 @@ TEST_P(Sockets, CloseWakesCallsBlockedInOtherThreads) {
 // send and recv on them (non-blocking, so they enter and leave the engine
 // all the time, mostly on the path without the socket's lock): every call
 // returns a count or a clean error, none uses freed state (ASan) and every
-// close returns 0. The server echoes until its peer goes.
+// close returns 0. The server echoes until its peer goes. (A quarter of
+// the rounds under TSan: Rounds.)
 TEST_P(Sockets, CloseRacesCallsInOtherThreads) {
-  constexpr int kRounds = 12;
+  const int rounds = Rounds(12);
   RunPair(
       [&](int l) {
-        for (int r = 0; r < kRounds; ++r) {
+        for (int r = 0; r < rounds; ++r) {
           int fd = zs_accept(l, nullptr, nullptr);
           CHECK_C(fd >= 0);
           char buf[4096];
@@ -152,7 +153,7 @@ TEST_P(Sockets, CloseRacesCallsInOtherThreads) {
           return k >= 0 || err == EAGAIN || err == EBADF || err == ENOTSOCK || err == ENOTCONN ||
                  err == EPIPE || err == ECONNRESET;
         };
-        for (int r = 0; r < kRounds; ++r) {
+        for (int r = 0; r < rounds; ++r) {
           int fd = ConnectTo(port);
           std::atomic<bool> stop{false};
           std::atomic<uint64_t> calls{0};
@@ -263,12 +264,13 @@ TEST_P(Sockets, PeerKilledMidTransfer) {
 }
 
 // Connections set up and closed in a row: each one delivers its byte and
-// then end-of-stream (the server's close is graceful), none is reset.
+// then end-of-stream (the server's close is graceful), none is reset. (A
+// quarter of the rounds under TSan: Rounds.)
 TEST_P(Sockets, ConnectAcceptCloseRepeatedly) {
-  constexpr int kRounds = 40;
+  const int rounds = Rounds(40);
   RunPair(
       [&](int l) {
-        for (int i = 0; i < kRounds; ++i) {
+        for (int i = 0; i < rounds; ++i) {
           int fd = zs_accept(l, nullptr, nullptr);
           CHECK_C(fd >= 0);
           char b = static_cast<char>(i);
@@ -279,7 +281,7 @@ TEST_P(Sockets, ConnectAcceptCloseRepeatedly) {
         return 0;
       },
       [&](uint16_t port) {
-        for (int i = 0; i < kRounds; ++i) {
+        for (int i = 0; i < rounds; ++i) {
           int fd = ConnectTo(port);
           char b = 0;
           CHECK_C(zs_recv(fd, &b, 1, MSG_WAITALL) == 1 && b == static_cast<char>(i));

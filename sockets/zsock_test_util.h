@@ -60,6 +60,14 @@ struct TestPipe {
 pid_t Fork(std::function<int()> body);
 int Reap(pid_t pid);
 
+// How many times a test repeats a round of `n`: a quarter of them (at
+// least one) under ThreadSanitizer. Each round checks the same things,
+// and TSan reports a race in one round whether or not it shows there;
+// but TSan makes connection set-up and teardown over some providers
+// (ofi:tcp;ofi_rxm, whose per-connection buffer pools it shadows) slow
+// enough that a dozen rounds approach a child's time limit.
+int Rounds(int n);
+
 using Param = std::tuple<std::string, std::string>;  // provider config, mode
 
 class Sockets : public ::testing::TestWithParam<Param> {
