@@ -1,3 +1,4 @@
+// zsock's error type: see status.h.
 #include "core/status.h"
 
 #include <cerrno>
@@ -111,7 +112,9 @@ void PreparedError::Prepare() const {
 }
 
 const absl::Status* PreparedError::Build() const {
-  auto* s = new absl::Status(BuildError(CodeForErrno(errno_), errno_, what_, {}));
+  const absl::StatusCode code =
+      code_ == kCodeFromErrno ? CodeForErrno(errno_) : static_cast<absl::StatusCode>(code_);
+  auto* s = new absl::Status(BuildError(code, errno_, what_, fix_));
   const absl::Status* expected = nullptr;
   if (built_.compare_exchange_strong(expected, s, std::memory_order_acq_rel)) return s;
   delete s;  // another thread built it first

@@ -39,12 +39,17 @@ int StatusErrno(const absl::Status& status);
 // async-signal-safe (zs_send may run in a signal handler, as send(2) may):
 // Get() returns a copy, which only counts a reference; building one
 // allocates. Prepare() must run first, where allocating is fine (Get()
-// builds it otherwise). The error is what ErrnoError(sys_errno, what) makes;
-// it is not logged (its caller logs, if it may). Constant-initialized, so
-// it can be a namespace-scope `constinit` object.
+// builds it otherwise). The error is what MakeError(code, sys_errno, what,
+// fix) makes, with ErrnoError's code when none is given; it is not logged
+// (its caller logs, if it may). Constant-initialized, so it can be a
+// namespace-scope `constinit` object.
 class PreparedError {
  public:
-  constexpr PreparedError(int sys_errno, const char* what) : errno_(sys_errno), what_(what) {}
+  constexpr PreparedError(int sys_errno, const char* what)
+      : code_(kCodeFromErrno), errno_(sys_errno), what_(what), fix_("") {}
+  constexpr PreparedError(absl::StatusCode code, int sys_errno, const char* what,
+                          const char* fix)
+      : code_(static_cast<int>(code)), errno_(sys_errno), what_(what), fix_(fix) {}
   PreparedError(const PreparedError&) = delete;
   PreparedError& operator=(const PreparedError&) = delete;
 
@@ -55,10 +60,13 @@ class PreparedError {
   }
 
  private:
+  static constexpr int kCodeFromErrno = -1;
   const absl::Status* Build() const;
 
+  const int code_;
   const int errno_;
   const char* const what_;
+  const char* const fix_;
   // Never freed: a copy may be in flight at exit.
   mutable std::atomic<const absl::Status*> built_{nullptr};
 };

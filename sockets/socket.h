@@ -15,6 +15,9 @@
 //    the per-socket option ZSOCK_SO_MODE.
 //  - Calls are thread-safe; one thread may block in Recv while another
 //    Sends, Shutdowns or Closes (which wakes it with an error).
+//  - A Send or Recv that is refused (closed, unconnected, connecting, shut
+//    down, timed out) allocates nothing and takes no lock, so a signal
+//    handler may make it (docs/sockets.md, "Calls from signal handlers").
 #ifndef ZSOCK_SOCKETS_SOCKET_H_
 #define ZSOCK_SOCKETS_SOCKET_H_
 
