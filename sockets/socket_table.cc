@@ -35,7 +35,7 @@ std::atomic<uint64_t>& GenOf(Table& t, int fd) {
 }
 
 // A thread's last lookups, direct-mapped by fd. An entry is good while its
-// bucket's generation is unchanged (any Add or Remove in the bucket
+// bucket's generation is unchanged (any Add or Unlist in the bucket
 // invalidates it). It keeps a closed socket's object (not its fd or
 // connection, which Close releases) until replaced or the thread ends.
 struct CachedSocket {
