@@ -1,3 +1,4 @@
+// zsock's error type: see status.h.
 #include "core/status.h"
 
 #include <cerrno>
@@ -65,11 +66,9 @@ int ErrnoForCode(absl::StatusCode code) {
   }
 }
 
-}  // namespace
-
-absl::Status MakeError(absl::StatusCode code, int sys_errno,
-                       absl::string_view what, absl::string_view fix,
-                       std::source_location loc) {
+// MakeError's status, not logged.
+absl::Status BuildError(absl::StatusCode code, int sys_errno, absl::string_view what,
+                        absl::string_view fix) {
   std::string msg(what);
   if (sys_errno != 0) absl::StrAppend(&msg, ": ", std::strerror(sys_errno));
   if (!fix.empty()) absl::StrAppend(&msg, "; fix: ", fix);
@@ -77,6 +76,15 @@ absl::Status MakeError(absl::StatusCode code, int sys_errno,
   if (sys_errno != 0) {
     status.SetPayload(kErrnoPayload, absl::Cord(absl::StrCat(sys_errno)));
   }
+  return status;
+}
+
+}  // namespace
+
+absl::Status MakeError(absl::StatusCode code, int sys_errno,
+                       absl::string_view what, absl::string_view fix,
+                       std::source_location loc) {
+  absl::Status status = BuildError(code, sys_errno, what, fix);
   if (LogLevel::kDebug <= CurrentLogLevel()) {
     LogLine(LogLevel::kDebug, loc, status.ToString());
   }
@@ -91,10 +99,26 @@ absl::Status ErrnoError(int sys_errno, absl::string_view what,
 int StatusErrno(const absl::Status& status) {
   if (status.ok()) return 0;
   if (auto payload = status.GetPayload(kErrnoPayload); payload.has_value()) {
+    // A few digits: the cord holds them inline, and they fit a short
+    // string's own buffer, so reading them allocates nothing.
     int err = 0;
     if (absl::SimpleAtoi(std::string(*payload), &err) && err > 0) return err;
   }
   return ErrnoForCode(status.code());
+}
+
+void PreparedError::Prepare() const {
+  if (built_.load(std::memory_order_acquire) == nullptr) Build();
+}
+
+const absl::Status* PreparedError::Build() const {
+  const absl::StatusCode code =
+      code_ == kCodeFromErrno ? CodeForErrno(errno_) : static_cast<absl::StatusCode>(code_);
+  auto* s = new absl::Status(BuildError(code, errno_, what_, fix_));
+  const absl::Status* expected = nullptr;
+  if (built_.compare_exchange_strong(expected, s, std::memory_order_acq_rel)) return s;
+  delete s;  // another thread built it first
+  return expected;
 }
 
 }  // namespace zsock

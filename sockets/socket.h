@@ -15,6 +15,9 @@
 //    the per-socket option ZSOCK_SO_MODE.
 //  - Calls are thread-safe; one thread may block in Recv while another
 //    Sends, Shutdowns or Closes (which wakes it with an error).
+//  - A Send or Recv that is refused (closed, unconnected, connecting, shut
+//    down, timed out) allocates nothing and takes no lock, so a signal
+//    handler may make it (docs/sockets.md, "Calls from signal handlers").
 #ifndef ZSOCK_SOCKETS_SOCKET_H_
 #define ZSOCK_SOCKETS_SOCKET_H_
 
@@ -40,13 +43,6 @@
 #include "sockets/readiness.h"
 
 namespace zsock {
-
-// Socket options of level SOL_ZSOCK (sockets/zsock.h has the C names).
-inline constexpr int kSolZsock = 0x7a73;   // "zs"
-inline constexpr int kSoMode = 1;          // int: 0 bcopy, 1 zcopy
-inline constexpr int kSoZcopyThreshold = 2;  // int: bytes
-inline constexpr int kSoAutocork = 3;        // int: 0 off, 1 on
-inline constexpr int kSoStats = 4;           // read-only struct zs_stats
 
 // The engine every socket of this process uses (created on first use).
 absl::StatusOr<sdp::Engine*> SocketEngine();
@@ -77,6 +73,8 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // Graceful (or abortive with SO_LINGER {1, 0}); the fd is closed.
   absl::Status Close();
 
+  // Options of levels SOL_SOCKET, IPPROTO_TCP and SOL_ZSOCK (zsock's own,
+  // named in sockets/zsock.h); others fail with ENOPROTOOPT.
   absl::Status SetOption(int level, int name, const void* value, socklen_t len);
   absl::Status GetOption(int level, int name, void* value, socklen_t* len);
   absl::StatusOr<SocketAddress> LocalAddress() const;
@@ -113,6 +111,23 @@ class Socket : public std::enable_shared_from_this<Socket> {
   sdp::ConnectionOptions OptionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<sdp::Connection> conn() const;
   absl::Status ConnectError(const absl::Status& why, const SocketAddress& to);
+  // A non-blocking connect's thread: connects, then attaches the
+  // connection or records why it failed (SO_ERROR).
+  void FinishConnect(sdp::Engine* engine, const std::string& target,
+                     const sdp::ConnectionOptions& options, const SocketAddress& to);
+  // An accepted socket's local address: the listener's, with a wildcard
+  // replaced by the local address that reaches the peer.
+  void SetAcceptedLocalAddress(Socket& accepted);
+  // SetOption and GetOption by level (GetOption has checked `value` and
+  // `len` for null; the setters check `value` and `len` themselves).
+  absl::Status SetSocketLevelOptionLocked(int name, const void* value, socklen_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetZsockOptionLocked(int name, const void* value, socklen_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status GetSocketLevelOptionLocked(int name, void* value, socklen_t* len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status GetZsockOptionLocked(int name, void* value, socklen_t* len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A listening socket's acceptor thread: takes provider connections and
   // completes their handshakes (provider set-up and SDP Hello) in the
   // background, queueing finished connections (at most backlog_) for
@@ -166,35 +181,47 @@ class Socket : public std::enable_shared_from_this<Socket> {
   // before it lets go.
   sdp::Connection* live_conn_ ABSL_GUARDED_BY(rfd_mu_) = nullptr;
 
-  // Send and Recv's way around mu_: the connection while the socket is
-  // connected and shut down in neither direction, else nullptr (then they
-  // take mu_ and copy conn_). Such a call holds no reference on the
-  // connection: pinned_conn_ keeps the Connection object until the socket
-  // goes (after Close it is an empty handle), and sdp::Connection::Close
-  // lets calls in progress leave first. Per message this saves a lock and
-  // a reference count, four atomic instructions, about a fifth of
-  // msgrate's time (docs/sockets.md).
-  std::atomic<sdp::Connection*> fast_conn_{nullptr};
+  // What a Send or a Recv calls, one word per direction: the connection
+  // while the socket is connected and not shut down that way, else why the
+  // call is refused (the socket's state). Published under mu_ at every
+  // change (SetStateLocked, PublishLocked) and read with one atomic load,
+  // so the calls take no lock of the socket's: per message that saves a
+  // lock and a reference count (four atomic instructions; docs/sockets.md),
+  // and a refused call stays async-signal-safe. Such a call holds no
+  // reference on the connection: pinned_conn_ keeps the Connection object
+  // until the socket goes (after Close it is an empty handle), and
+  // sdp::Connection::Close lets calls in progress leave first.
+  class CallTarget {
+   public:
+    enum Refusal : uintptr_t { kUnconnected = 0, kConnecting = 1, kClosed = 2, kShutDown = 3 };
+    CallTarget() = default;
+    explicit CallTarget(Refusal why) : word_(why) {}
+    explicit CallTarget(sdp::Connection* c) : word_(reinterpret_cast<uintptr_t>(c)) {}
+    // Null when refused; no object lives at the addresses of the refusals.
+    sdp::Connection* connection() const {
+      return word_ > kShutDown ? reinterpret_cast<sdp::Connection*>(word_) : nullptr;
+    }
+    Refusal refusal() const { return static_cast<Refusal>(word_); }
+
+   private:
+    uintptr_t word_ = kUnconnected;
+  };
+  static_assert(std::atomic<CallTarget>::is_always_lock_free);
+  std::atomic<CallTarget> send_target_{}, recv_target_{};
   std::shared_ptr<sdp::Connection> pinned_conn_ ABSL_GUARDED_BY(mu_);
-  void UpdateFastLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refused call's result: its errno (without allocating: the errors are
+  // prepared by the constructor, PrepareCallErrors), and for a send after
+  // SHUT_WR, SIGPIPE.
+  static absl::StatusOr<size_t> RefuseSend(CallTarget::Refusal why, bool dontwait, int flags);
+  static absl::StatusOr<size_t> RefuseRecv(CallTarget::Refusal why, bool dontwait);
+  static void PrepareCallErrors();
   // The endings of Send and Recv on either path: the errno a timeout or
   // EAGAIN maps to, readiness, and Send's SIGPIPE.
   absl::StatusOr<size_t> SendResult(absl::StatusOr<size_t> n, int flags);
   absl::StatusOr<size_t> RecvResult(absl::StatusOr<size_t> n);
 };
-
-// The process's table of zsock sockets by fd number (for the C API and the
-// interposer).
-std::shared_ptr<Socket> FindSocket(int fd);
-// The same socket borrowed from this thread's lookup cache, for the data
-// calls (zs_send, zs_recv, ...): valid until this thread's next lookup or
-// RemoveSocket. No data call makes one; a signal handler running zs_* on
-// this thread could, so Send raises SIGPIPE last, touching nothing of the
-// socket after it. It saves the two atomic operations of a shared_ptr
-// copy, a twentieth of a small send plus receive.
-Socket* FindSocketForCall(int fd);
-void AddSocket(std::shared_ptr<Socket> s);
-std::shared_ptr<Socket> RemoveSocket(int fd);
 
 }  // namespace zsock
 

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "sockets/socket.h"
+#include "sockets/socket_table.h"
 
 namespace zsock {
 namespace {
@@ -204,9 +205,9 @@ int zs_shutdown(int fd, int how) {
 }
 
 int zs_close(int fd) {
-  // Out of the table first: once the fd number is closed the kernel may
-  // hand it to another open().
-  auto s = zsock::RemoveSocket(fd);
+  // Close takes the socket out of the table as it closes the number (which
+  // the kernel may then hand to another open()).
+  auto s = FindSocket(fd);
   if (!s) return ::close(fd);
   absl::Status st = s->Close();
   return st.ok() ? 0 : zsock::Fail(st);
