@@ -198,6 +198,70 @@ RegistrationCache::~RegistrationCache() {
   DestroyChain(std::move(dead));
 }
 
+std::shared_ptr<MemoryRegion> RegistrationCache::HitOrPendLocked(
+    uintptr_t start, uintptr_t end, uint32_t access, bool merge, bool count,
+    Pending* pending, uint32_t* reg_access) {
+  auto it = by_addr_.upper_bound(start);
+  if (it != by_addr_.begin()) {
+    Entry* e = std::prev(it)->second.get();
+    if (e->start <= start && end <= e->end && (e->access & access) == access) {
+      lru_.splice(lru_.begin(), lru_, e->lru_pos);
+      if (count) ++stats_.hits;
+      return e->region;
+    }
+  }
+  if (count) ++stats_.misses;
+  pending->start = start;
+  pending->end = end;
+  *reg_access = access;
+  if (merge) {
+    for (auto o = FirstOverlap(by_addr_, start, end);
+         o != by_addr_.end() && o->first < end; ++o) {
+      pending->start = std::min(pending->start, o->second->start);
+      pending->end = std::max(pending->end, o->second->end);
+      *reg_access |= o->second->access;
+    }
+  }
+  pending->next = pending_;
+  if (pending_ != nullptr) pending_->prev = pending;
+  pending_ = pending;
+  ++num_pending_;
+  UpdateTrackedLocked();
+  return nullptr;
+}
+
+void RegistrationCache::UnlinkPendingLocked(Pending* pending) {
+  if (pending->prev != nullptr) pending->prev->next = pending->next;
+  else pending_ = pending->next;
+  if (pending->next != nullptr) pending->next->prev = pending->prev;
+  --num_pending_;
+  UpdateTrackedLocked();
+}
+
+std::shared_ptr<MemoryRegion> RegistrationCache::InstallLocked(
+    std::shared_ptr<Entry> entry, std::shared_ptr<Entry>* dead) {
+  // Replace the entries the new one covers (all of them, if merged; entries
+  // added meanwhile by other threads, too).
+  for (auto o = FirstOverlap(by_addr_, entry->start, entry->end);
+       o != by_addr_.end() && o->first < entry->end;) {
+    auto next = std::next(o);
+    std::shared_ptr<Entry> old = RemoveLocked(o);
+    if (old->InUse()) {
+      detached_.push_front(std::move(old));
+    } else {
+      PushDead(std::move(old), dead);
+    }
+    o = next;
+  }
+  by_addr_.emplace(entry->start, entry);
+  lru_.push_front(entry.get());
+  entry->lru_pos = lru_.begin();
+  ++stats_.entries;
+  stats_.bytes += entry->bytes();
+  EvictLocked(dead);
+  return entry->region;
+}
+
 absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     void* addr, size_t len, uint32_t access) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
@@ -225,52 +289,18 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     {
       WriterLock lock(&mu_);
       CollectDeadLocked(&dead);
-      auto it = by_addr_.upper_bound(start);
-      if (it != by_addr_.begin()) {
-        Entry* e = std::prev(it)->second.get();
-        if (e->start <= start && end <= e->end &&
-            (e->access & access) == access) {
-          lru_.splice(lru_.begin(), lru_, e->lru_pos);
-          if (attempt == 0) ++stats_.hits;
-          hit = e->region;
-        }
-      }
-      if (hit == nullptr) {
-        if (attempt == 0) ++stats_.misses;
-        pending.start = start;
-        pending.end = end;
-        if (merge) {
-          for (auto o = FirstOverlap(by_addr_, start, end);
-               o != by_addr_.end() && o->first < end; ++o) {
-            pending.start = std::min(pending.start, o->second->start);
-            pending.end = std::max(pending.end, o->second->end);
-            reg_access |= o->second->access;
-          }
-        }
-        pending.next = pending_;
-        if (pending_ != nullptr) pending_->prev = &pending;
-        pending_ = &pending;
-        ++num_pending_;
-        UpdateTrackedLocked();
-      }
+      hit = HitOrPendLocked(start, end, access, merge, attempt == 0, &pending,
+                            &reg_access);
     }
     DestroyChain(std::move(dead));
     if (hit != nullptr) return hit;
 
-    auto unlink_pending = [this, &pending]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (pending.prev != nullptr) pending.prev->next = pending.next;
-      else pending_ = pending.next;
-      if (pending.next != nullptr) pending.next->prev = pending.prev;
-      --num_pending_;
-      UpdateTrackedLocked();
-    };
     // `pending` lives on this stack frame: unlink it even if the callback
     // (or an allocation) throws.
-    absl::Cleanup unlink_on_throw = [this, &unlink_pending] {
+    absl::Cleanup unlink_on_throw = [this, &pending] {
       WriterLock lock(&mu_);
-      unlink_pending();
+      UnlinkPendingLocked(&pending);
     };
-
     // Register without mu_: it may be slow, and the provider may release
     // memory (re-entering OnMemoryReleased) while doing it.
     absl::StatusOr<std::unique_ptr<MemoryRegion>> reg =
@@ -290,30 +320,9 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     std::move(unlink_on_throw).Cancel();
     {
       WriterLock lock(&mu_);
-      unlink_pending();
+      UnlinkPendingLocked(&pending);
       stale = pending.stale;
-      if (entry != nullptr && !stale) {
-        // Replace the entries the new one covers (all of them, if merged;
-        // entries added meanwhile by other threads, too).
-        for (auto o = FirstOverlap(by_addr_, entry->start, entry->end);
-             o != by_addr_.end() && o->first < entry->end;) {
-          auto next = std::next(o);
-          std::shared_ptr<Entry> old = RemoveLocked(o);
-          if (old->InUse()) {
-            detached_.push_front(std::move(old));
-          } else {
-            PushDead(std::move(old), &dead);
-          }
-          o = next;
-        }
-        by_addr_.emplace(entry->start, entry);
-        lru_.push_front(entry.get());
-        entry->lru_pos = lru_.begin();
-        ++stats_.entries;
-        stats_.bytes += entry->bytes();
-        result = entry->region;
-        EvictLocked(&dead);
-      }
+      if (entry != nullptr && !stale) result = InstallLocked(entry, &dead);
       UpdateTrackedLocked();
     }
     const bool was_merged = pending.start != start || pending.end != end ||

@@ -114,6 +114,21 @@ class RegistrationCache {
   void CollectDeadLocked(std::shared_ptr<Entry>* dead)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateTrackedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Get's first step: the cached region covering [start, end) with
+  // `access`, or nullptr after entering `pending` in the list of
+  // registrations in flight (widened over overlapping entries if `merge`,
+  // with their access bits in *reg_access). `count` counts a hit or miss.
+  std::shared_ptr<MemoryRegion> HitOrPendLocked(uintptr_t start, uintptr_t end,
+                                                uint32_t access, bool merge, bool count,
+                                                Pending* pending, uint32_t* reg_access)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnlinkPendingLocked(Pending* pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Indexes a new registration in place of the entries it covers (those
+  // still in use are detached, the others go onto `dead`), then evicts
+  // over the limits; returns the new region.
+  std::shared_ptr<MemoryRegion> InstallLocked(std::shared_ptr<Entry> entry,
+                                              std::shared_ptr<Entry>* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RegisterFn register_;
   RcacheLimits limits_;
