@@ -50,25 +50,25 @@ absl::Status ConnState::SetUpAz() {
            index.status().ToString().c_str());
     return absl::OkStatus();
   }
-  az_table_index = *index;
-  az_table = engine->LockTableRegion(az_table_index, &az_words);
-  std::memset(az_words, 0, kAzMaxSlots * sizeof(uint64_t));
-  az_table_slots = slots;
-  az_sink_gen.assign(slots, 0);
+  az.table_index = *index;
+  az.table = engine->LockTableRegion(az.table_index, &az.words);
+  std::memset(az.words, 0, kAzMaxSlots * sizeof(uint64_t));
+  az.table_slots = slots;
+  az.sink_gen.assign(slots, 0);
   my_caps |= wire::kCapAz;
   return absl::OkStatus();
 }
 
 void ConnState::AddAzHello(wire::Hello& h) const {
-  if (!az_table) return;
-  h.max_adverts = static_cast<uint8_t>(az_table_slots);
+  if (!az.table) return;
+  h.max_adverts = static_cast<uint8_t>(az.table_slots);
   std::string v(4, '\0');
-  uint32_t n = az_table_slots;
+  uint32_t n = az.table_slots;
   std::memcpy(v.data(), &n, 4);  // little-endian hosts only (docs/protocol.md)
   // The key names only this connection's words of the shared region.
-  RemoteKey key = az_table->remote_key();
-  key.addr = reinterpret_cast<uint64_t>(az_words);
-  key.length = uint64_t{az_table_slots} * sizeof(uint64_t);
+  RemoteKey key = az.table->remote_key();
+  key.addr = reinterpret_cast<uint64_t>(az.words);
+  key.length = uint64_t{az.table_slots} * sizeof(uint64_t);
   v += key.Serialize();
   h.extensions.push_back({wire::kExtAzLockTable, std::move(v)});
 }
@@ -95,53 +95,53 @@ void ConnState::AcceptPeerAz() {
                                             " slots)")));
     return;
   }
-  peer_table = std::move(*key);
-  peer_table_slots = slots;
-  az_src_gen.assign(slots, 0);
-  az_slot_busy.assign(slots, 0);
-  az = (peer.caps & wire::kCapRdmaRead) && ep->info().atomics != Support::kNone;
+  az.peer_table = std::move(*key);
+  az.peer_table_slots = slots;
+  az.src_gen.assign(slots, 0);
+  az.slot_busy.assign(slots, 0);
+  az.enabled = (peer.caps & wire::kCapRdmaRead) && ep->info().atomics != Support::kNone;
 }
 
 uint32_t ConnState::AzLimit() const {
-  return std::min<uint32_t>(peer.max_adverts, peer_table_slots);
+  return std::min<uint32_t>(peer.max_adverts, az.peer_table_slots);
 }
 
 uint64_t ConnState::TxCommitted() const {
-  uint64_t n = tx_pos;
-  for (const AzSrc& s : az_src) n += s.len - s.done;
+  uint64_t n = tx.pos;
+  for (const AzSrcAvail& s : az.src) n += s.len - s.done;
   return n;
 }
 
-ConnState::AzSrc* ConnState::FindAz(uint32_t serial) {
-  for (AzSrc& s : az_src) {
+AzSrcAvail* ConnState::FindAz(uint32_t serial) {
+  for (AzSrcAvail& s : az.src) {
     if (s.serial == serial) return &s;
   }
   return nullptr;
 }
 
 void ConnState::AzFinish(size_t index) {
-  AzSrc& s = az_src[index];
+  AzSrcAvail& s = az.src[index];
   if (s.pull) {
-    pull_out--;
+    pull.out--;
   } else {
     if (s.guard >= 0) az::Guard::Get().Release(s.guard);
-    az_slot_busy[s.slot] = 0;
-    az_src_gen[s.slot]++;
+    az.slot_busy[s.slot] = 0;
+    az.src_gen[s.slot]++;
   }
-  az_src.erase(az_src.begin() + static_cast<std::ptrdiff_t>(index));
+  az.src.erase(az.src.begin() + static_cast<std::ptrdiff_t>(index));
   engine->NotifyLocked();
 }
 
 void ConnState::AzReleaseAll() {
-  for (AzSrc& s : az_src) {
+  for (AzSrcAvail& s : az.src) {
     if (s.guard >= 0) az::Guard::Get().Release(s.guard);
   }
-  az_src.clear();
-  pull_out = 0;
-  std::fill(az_slot_busy.begin(), az_slot_busy.end(), 0);
+  az.src.clear();
+  pull.out = 0;
+  std::fill(az.slot_busy.begin(), az.slot_busy.end(), 0);
 }
 
-wire::Message ConnState::AzAdvert(const AzSrc& s, uint8_t flags) const {
+wire::Message ConnState::AzAdvert(const AzSrcAvail& s, uint8_t flags) const {
   wire::Advert a;
   if (s.copy) {
     a.addr = reinterpret_cast<uint64_t>(s.copy->base);
@@ -157,7 +157,7 @@ wire::Message ConnState::AzAdvert(const AzSrc& s, uint8_t flags) const {
   return wire::Message{{MessageId::kSrcAvail, flags}, a};
 }
 
-bool ConnState::AzMove(AzSrc& s) {
+bool ConnState::AzMove(AzSrcAvail& s) {
   auto copy = std::make_unique<AzCopyBuf>();
   if (posix_memalign(&copy->base, 4096, s.len) != 0) {
     copy->base = nullptr;
@@ -175,7 +175,7 @@ bool ConnState::AzMove(AzSrc& s) {
   if (s.posted) {
     QueueCtl(AzAdvert(s, wire::kFlagAzUpdate | wire::kFlagAzAsync));
   } else {
-    for (TxItem& item : dataq) {
+    for (TxItem& item : tx.dataq) {
       if (item.az_serial == s.serial) {
         item.encoded = wire::EncodeToString(AzAdvert(s, wire::kFlagAzAsync));
         break;
@@ -191,14 +191,14 @@ bool ConnState::AzMove(AzSrc& s) {
 }
 
 void ConnState::AzSinkDone(RxSeg& s) {
-  if (s.slot == wire::kNoSlot || !az_table) return;
+  if (s.slot == wire::kNoSlot || !az.table) return;
   AzSinkDone(s.slot, s.gen);
   s.slot = wire::kNoSlot;
 }
 
 void ConnState::AzSinkDone(uint32_t slot, uint64_t gen) {
   __atomic_store_n(LockWord(slot), AzWord(gen + 1, kAzFree), __ATOMIC_SEQ_CST);
-  az_sink_gen[slot] = gen + 1;
+  az.sink_gen[slot] = gen + 1;
 }
 
 // Receive side (seed 003 section 4.2): the pages at `dest` become
@@ -218,7 +218,7 @@ bool ConnState::AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len) {
     }
     mr = std::move(*r);
   }
-  const uint32_t serial = kAzRecvSerial | (++az_rx_serial & ~kAzRecvSerial);
+  const uint32_t serial = kAzRecvSerial | (++az.rx_serial & ~kAzRecvSerial);
   auto g = az::Guard::Get().ProtectNone(reinterpret_cast<uintptr_t>(dest), len,
                                         engine->fault_client(), (id << 32) | serial);
   if (!g.ok()) {
@@ -243,51 +243,51 @@ bool ConnState::AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len) {
     ::munmap(temp, len);
     return false;
   }
-  az_rx.pending = posted;
-  az_rx.status = st;  // a piece that could not start fails the landing
-  az_rx.active = true;
-  az_rx.serial = serial;
-  az_rx.advert = s.advert;
-  az_rx.bytes = static_cast<uint32_t>(len);
-  az_rx.seg_done = s.off + len == s.len;
-  az_rx.slot = s.slot;
-  az_rx.gen = s.gen;
-  az_rx.dest = reinterpret_cast<uintptr_t>(dest);
-  az_rx.len = len;
-  az_rx.temp = temp;
-  az_rx.mr = std::move(mr);
-  az_rx.guard = *g;
-  if (az_rx.seg_done) s.slot = wire::kNoSlot;  // the lock word resets on landing
+  az.rx.pending = posted;
+  az.rx.status = st;  // a piece that could not start fails the landing
+  az.rx.active = true;
+  az.rx.serial = serial;
+  az.rx.advert = s.advert;
+  az.rx.bytes = static_cast<uint32_t>(len);
+  az.rx.seg_done = s.off + len == s.len;
+  az.rx.slot = s.slot;
+  az.rx.gen = s.gen;
+  az.rx.dest = reinterpret_cast<uintptr_t>(dest);
+  az.rx.len = len;
+  az.rx.temp = temp;
+  az.rx.mr = std::move(mr);
+  az.rx.guard = *g;
+  if (az.rx.seg_done) s.slot = wire::kNoSlot;  // the lock word resets on landing
   stats.az_recv_early++;
   return true;
 }
 
 void ConnState::AzRxLanded(absl::Status st) {
-  if (!az_rx.active) return;
-  if (!st.ok() && az_rx.status.ok()) az_rx.status = st;
-  if (--az_rx.pending > 0) return;
-  st = az_rx.status;
-  az_rx.mr.reset();
+  if (!az.rx.active) return;
+  if (!st.ok() && az.rx.status.ok()) az.rx.status = st;
+  if (--az.rx.pending > 0) return;
+  st = az.rx.status;
+  az.rx.mr.reset();
   if (st.ok()) {
     // syscall, not mremap(): the interposer's release gate would wait for
     // the very range this releases.
-    void* r = reinterpret_cast<void*>(syscall(SYS_mremap, az_rx.temp, az_rx.len, az_rx.len,
-                                              MREMAP_MAYMOVE | MREMAP_FIXED, az_rx.dest));
+    void* r = reinterpret_cast<void*>(syscall(SYS_mremap, az.rx.temp, az.rx.len, az.rx.len,
+                                              MREMAP_MAYMOVE | MREMAP_FIXED, az.rx.dest));
     if (r == MAP_FAILED) {
       st = ErrnoError(errno, "AZ-SDP: mremap of a landed receive failed", "report a bug");
     }
   }
-  if (!st.ok()) ::munmap(az_rx.temp, az_rx.len);
-  az::Guard::Get().Release(az_rx.guard);
+  if (!st.ok()) ::munmap(az.rx.temp, az.rx.len);
+  az::Guard::Get().Release(az.rx.guard);
   // Registrations of the replaced pages are stale.
-  NotifyMemoryReleased(reinterpret_cast<void*>(az_rx.dest), az_rx.len);
-  AzRx done = std::move(az_rx);
-  az_rx = AzRx{};
+  NotifyMemoryReleased(reinterpret_cast<void*>(az.rx.dest), az.rx.len);
+  AzEarlyRecv done = std::move(az.rx);
+  az.rx = AzEarlyRecv{};
   if (st.ok()) {
     if (done.seg_done) AzSinkDone(done.slot, done.gen);
     QueueCtl(wire::Message{{MessageId::kRdmaRdCompl}, wire::Completed{done.advert, done.bytes}});
     TryTransmit();
-  } else if (error.ok()) {
+  } else if (failure.error.ok()) {
     // The application was told these bytes arrived: the connection cannot
     // go on (its buffer keeps what it held before the call).
     PostAbort(ECONNRESET);
@@ -300,31 +300,31 @@ void ConnState::AzRxLanded(absl::Status st) {
 }
 
 void ConnState::AzRxAbandon() {
-  if (!az_rx.active) return;
-  az_rx.pending = 1;
-  AzRxLanded(error.ok() ? absl::CancelledError("connection closed") : error);
+  if (!az.rx.active) return;
+  az.rx.pending = 1;
+  AzRxLanded(failure.error.ok() ? absl::CancelledError("connection closed") : failure.error);
 }
 
 ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
-  AzSrc* s = FindAz(serial);
+  AzSrcAvail* s = FindAz(serial);
   if (s == nullptr || s->guard < 0) return AzStep::kDone;
   stats.az_faults++;
   const int64_t now = absl::GetCurrentTimeNanos();
-  if (now - az_window_start > 1000000000) {
-    az_window_start = now;
-    az_window_faults = 0;
+  if (now - az.window_start > 1000000000) {
+    az.window_start = now;
+    az.window_faults = 0;
   }
-  if (++az_window_faults > opt.az_fault_limit && opt.mode == Mode::kAz) {
+  if (++az.window_faults > opt.az_fault_limit && opt.mode == Mode::kAz) {
     opt.mode = Mode::kZcopy;
     stats.az_fallbacks++;
     ZS_LOG(kWarn, "sdp connection to %s: %u faults on buffers being sent within a second exceed "
            "az_fault_limit=%u; falling back to zcopy (the application writes its send buffers "
            "right after sending; SetMode(azcopy) or ZSOCK_SO_MODE re-enables AZ-SDP)",
-           peer_address.c_str(), az_window_faults, opt.az_fault_limit);
+           peer_address.c_str(), az.window_faults, opt.az_fault_limit);
     QueueCtl(wire::Message{{MessageId::kModeChange}, wire::ModeChange{Mode::kZcopy}});
     TryTransmit();
   }
-  if (opt.az_policy == AzPolicy::kBlock || !error.ok()) {
+  if (opt.az_policy == AzPolicy::kBlock || !failure.error.ok()) {
     stats.az_blocks++;
     return AzStep::kBlock;
   }
@@ -341,9 +341,9 @@ ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
     stats.az_blocks++;
     return AzStep::kBlock;
   }
-  atomic_status = absl::OkStatus();
-  atomic_result = ~uint64_t{0};
-  auto st = ep->CompareSwap(&atomic_result, peer_table.addr + uint64_t{s->slot} * 8, peer_table,
+  az.atomic_status = absl::OkStatus();
+  az.atomic_result = ~uint64_t{0};
+  auto st = ep->CompareSwap(&az.atomic_result, az.peer_table.addr + uint64_t{s->slot} * 8, az.peer_table,
                             AzWord(s->gen, kAzFree), AzWord(s->gen, kAzSourceMoved),
                             MakeCtx(id, kCtxAtomic, 0));
   if (!st.ok()) {
@@ -352,18 +352,18 @@ ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
     stats.az_blocks++;
     return AzStep::kBlock;
   }
-  atomics_out++;
+  az.atomics_out++;
   return AzStep::kCasPosted;
 }
 
 bool ConnState::AzFaultCasDone(uint32_t serial) {
-  AzSrc* s = FindAz(serial);
+  AzSrcAvail* s = FindAz(serial);
   if (s == nullptr || s->guard < 0) return true;
-  const bool won = atomic_status.ok() && atomic_result == AzWord(s->gen, kAzFree);
+  const bool won = az.atomic_status.ok() && az.atomic_result == AzWord(s->gen, kAzFree);
   if (!won) {
-    if (!atomic_status.ok()) {
+    if (!az.atomic_status.ok()) {
       ZS_LOG(kInfo, "sdp: AZ-SDP lock-word compare-and-swap failed (%s); waiting instead",
-             atomic_status.ToString().c_str());
+             az.atomic_status.ToString().c_str());
     }
     stats.az_blocks++;
     return false;
@@ -382,8 +382,8 @@ bool ConnState::AzFaultCasDone(uint32_t serial) {
 }
 
 bool ConnState::AzGuarded(uint32_t serial) {
-  AzSrc* s = FindAz(serial);
-  return s != nullptr && s->guard >= 0 && error.ok();
+  AzSrcAvail* s = FindAz(serial);
+  return s != nullptr && s->guard >= 0 && failure.error.ok();
 }
 
 // ---------------------------------------------------------------- Engine
@@ -406,7 +406,7 @@ void Engine::OnFault(uint64_t cookie) {
       WaitLocked(
           [&] {
             ConnState* x = conn();
-            return x == nullptr || !x->az_rx.active || x->az_rx.serial != serial;
+            return x == nullptr || !x->az.rx.active || x->az.rx.serial != serial;
           },
           absl::InfiniteFuture());
       return;
@@ -422,7 +422,7 @@ void Engine::OnFault(uint64_t cookie) {
         WaitLocked(
             [&] {
               ConnState* x = conn();
-              return x == nullptr || x->atomics_out == 0;
+              return x == nullptr || x->az.atomics_out == 0;
             },
             absl::InfiniteFuture());
         if (ConnState* x = conn()) block = !x->AzFaultCasDone(serial);

@@ -69,8 +69,6 @@ absl::Status Region::Allocate(Fabric* fabric, size_t bytes) {
 
 // ---------------------------------------------------------------- errors
 
-namespace {
-
 absl::Status ResetError(absl::string_view what) {
   return MakeError(absl::StatusCode::kAborted, ECONNRESET, what,
                    "the peer reset the connection, closed it or died; reconnect");
@@ -93,7 +91,10 @@ absl::Status TimedOut() {
                    "give a later deadline or wait for readiness");
 }
 
-}  // namespace
+absl::Status Closed() {
+  return MakeError(absl::StatusCode::kFailedPrecondition, EBADF, "the connection is closed",
+                   "do not use a Connection after Close()");
+}
 
 absl::Status Violation(const wire::Header& h, absl::string_view why) {
   return MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
@@ -104,12 +105,12 @@ absl::Status Violation(const wire::Header& h, absl::string_view why) {
 // ---------------------------------------------------------------- setup
 
 absl::Status ConnState::Init() {
-  rx_size = std::clamp<size_t>(opt.buf_size, wire::kMinBufSize, wire::kMaxBufSize);
-  rx_count = static_cast<int>(std::clamp<size_t>(opt.rcvbuf / rx_size, wire::kMinBufs + 2,
+  rx.size = std::clamp<size_t>(opt.buf_size, wire::kMinBufSize, wire::kMaxBufSize);
+  rx.count = static_cast<int>(std::clamp<size_t>(opt.rcvbuf / rx.size, wire::kMinBufs + 2,
                                                  wire::kMaxBufs));
-  if (auto st = rx.Allocate(ep->fabric(), rx_size * rx_count); !st.ok()) return st;
-  rx_posted_flag.assign(rx_count, 0);
-  inject_max = ep->fabric()->caps().inject_size;
+  if (auto st = rx.region.Allocate(ep->fabric(), rx.size * rx.count); !st.ok()) return st;
+  rx.posted_flag.assign(rx.count, 0);
+  tx.inject_max = ep->fabric()->caps().inject_size;
   const EndpointInfo& info = ep->info();
   local_address = info.local_address;
   peer_address = info.peer_address;
@@ -117,22 +118,22 @@ absl::Status ConnState::Init() {
   if (info.rdma_write != Support::kNone) my_caps |= wire::kCapRdmaWrite;
   if (auto st = SetUpAz(); !st.ok()) return st;
   SetUpPull();
-  for (int i = 0; i < rx_count; ++i) {
+  for (int i = 0; i < rx.count; ++i) {
     PostRx(i);
-    if (!error.ok()) return error;
+    if (!failure.error.ok()) return failure.error;
   }
   if (active) {
     // The Hello goes before the peer's buffer size is known: from its own
     // small region, on the implicit first credit (docs/protocol.md).
-    if (auto st = hello.Allocate(ep->fabric(), 4096); !st.ok()) return st;
+    if (auto st = tx.hello.Allocate(ep->fabric(), 4096); !st.ok()) return st;
     wire::Message m;
     m.header.mid = MessageId::kHello;
-    m.header.bufs = static_cast<uint16_t>(rx_posted);
-    m.header.mseq = ++tx_mseq;
+    m.header.bufs = static_cast<uint16_t>(rx.posted);
+    m.header.mseq = ++credit.tx_mseq;
     wire::Hello h;
     h.caps = my_caps;
-    h.buf_size = static_cast<uint32_t>(rx_size);
-    h.max_bufs = static_cast<uint16_t>(rx_count);
+    h.buf_size = static_cast<uint32_t>(rx.size);
+    h.max_bufs = static_cast<uint16_t>(rx.count);
     h.mode = opt.mode;
     if (!opt.local_sockaddr.empty()) {
       h.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
@@ -141,35 +142,35 @@ absl::Status ConnState::Init() {
     AddAzHello(h);
     AddPullHello(h);
     m.body = h;
-    size_t n = wire::Encode(m, std::span<uint8_t>(hello.base, hello.len));
-    last_reported = rx_posted;
-    auto st = ep->Send(hello.base, n, hello.mr.get(), MakeCtx(id, kCtxHello, 0));
+    size_t n = wire::Encode(m, std::span<uint8_t>(tx.hello.base, tx.hello.len));
+    credit.last_reported = rx.posted;
+    auto st = ep->Send(tx.hello.base, n, tx.hello.mr.get(), MakeCtx(id, kCtxHello, 0));
     if (!st.ok()) return st;
-    tx_inflight++;
+    tx.inflight++;
     stats.messages_sent++;
   }
   return absl::OkStatus();
 }
 
 absl::Status ConnState::SetUpTx() {
-  tx_size = std::min<size_t>(peer.buf_size, size_t{1} << 20);
-  size_t data_slots = std::clamp<size_t>(opt.sndbuf / tx_size, 4, 1024);
+  tx.size = std::min<size_t>(peer.buf_size, size_t{1} << 20);
+  size_t data_slots = std::clamp<size_t>(opt.sndbuf / tx.size, 4, 1024);
   size_t count = data_slots + kCtlSlots;
-  if (auto st = tx.Allocate(ep->fabric(), tx_size * count); !st.ok()) return st;
-  for (size_t i = count; i-- > 0;) tx_free.push_back(static_cast<int>(i));
+  if (auto st = tx.region.Allocate(ep->fabric(), tx.size * count); !st.ok()) return st;
+  for (size_t i = count; i-- > 0;) tx.free.push_back(static_cast<int>(i));
   return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- failure
 
 void ConnState::Fail(absl::Status why) {
-  if (!error.ok()) return;
-  error = std::move(why);
+  if (!failure.error.ok()) return;
+  failure.error = std::move(why);
   ZS_LOG(kInfo, "sdp connection %d to %s failed: %s", static_cast<int>(id), peer_address.c_str(),
-         error.ToString().c_str());
+         failure.error.ToString().c_str());
   // Operations that wait for the peer finish now.
-  if (src.active) src.finished = true;
-  if (sink.active) sink.resolved = true;
+  if (source.advert.active) source.advert.finished = true;
+  if (sink.advert.active) sink.advert.resolved = true;
   // Asynchronous sends are lost with the connection, as queued data is:
   // their buffers become writable again.
   AzReleaseAll();
@@ -183,7 +184,7 @@ void ConnState::Fail(absl::Status why) {
 }
 
 bool ConnState::PostAbort(uint32_t reason) {
-  if (tx.base == nullptr || tx_free.empty() || Credits() < 1) return false;
+  if (tx.region.base == nullptr || tx.free.empty() || Credits() < 1) return false;
   wire::Message m;
   m.header.mid = MessageId::kAbortConn;
   m.body = wire::Abort{reason};
@@ -194,21 +195,21 @@ bool ConnState::PostAbort(uint32_t reason) {
 }
 
 void ConnState::CloseEndpoint() {
-  if (ep_closed) return;
-  ep_closed = true;
+  if (failure.ep_closed) return;
+  failure.ep_closed = true;
   ep->Close();
 }
 
 void ConnState::CloseEndpointWhenIdle() {
-  if (tx_inflight == 0) {
+  if (tx.inflight == 0) {
     CloseEndpoint();
   } else {
-    close_when_idle = true;
+    failure.close_when_idle = true;
   }
 }
 
 void ConnState::ProtocolError(absl::Status why) {
-  if (!error.ok()) return;
+  if (!failure.error.ok()) return;
   ZS_LOG(kError, "sdp connection to %s aborted: %s", peer_address.c_str(),
          why.ToString().c_str());
   engine->stats_.protocol_aborts++;
@@ -224,34 +225,34 @@ void ConnState::ProtocolError(absl::Status why) {
 // ---------------------------------------------------------------- receive
 
 void ConnState::PostRx(int buf) {
-  if (ep_closed) return;
-  uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
-  auto st = ep->PostRecv(p, rx_size, rx.mr.get(), MakeCtx(id, kCtxRx, buf));
+  if (failure.ep_closed) return;
+  uint8_t* p = rx.region.base + static_cast<size_t>(buf) * rx.size;
+  auto st = ep->PostRecv(p, rx.size, rx.region.mr.get(), MakeCtx(id, kCtxRx, buf));
   if (!st.ok()) {
-    if (peer_shut_wr) return;  // the peer is done; nothing more to receive
+    if (shut.peer_wr) return;  // the peer is done; nothing more to receive
     Fail(ResetError(absl::StrCat("posting a receive buffer failed: ", st.message())));
     return;
   }
-  rx_posted_flag[buf] = 1;
-  rx_posted++;
+  rx.posted_flag[buf] = 1;
+  rx.posted++;
 }
 
 void ConnState::Repost(int buf) {
-  if (phase == Phase::kClosed || !error.ok()) return;
+  if (phase == Phase::kClosed || !failure.error.ok()) return;
   PostRx(buf);
   int owed = Owed();
-  int peer_est = last_reported - static_cast<int>(recv_since_report);
-  if (owed > 0 && (peer_est <= kCreditReserve + 1 || owed >= rx_count / 2)) {
-    credit_update_pending = true;
+  int peer_est = credit.last_reported - static_cast<int>(credit.recv_since_report);
+  if (owed > 0 && (peer_est <= kCreditReserve + 1 || owed >= rx.count / 2)) {
+    credit.update_pending = true;
   }
 }
 
 void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
   switch (kind) {
     case kCtxRx: {
-      if (index >= static_cast<uint32_t>(rx_count) || !rx_posted_flag[index]) return;
-      rx_posted_flag[index] = 0;
-      rx_posted--;
+      if (index >= static_cast<uint32_t>(rx.count) || !rx.posted_flag[index]) return;
+      rx.posted_flag[index] = 0;
+      rx.posted--;
       if (!c.status.ok()) {
         if (phase == Phase::kClosed) return;
         if (c.status.code() == absl::StatusCode::kOutOfRange) {
@@ -267,28 +268,28 @@ void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
       break;
     }
     case kCtxTx:
-      tx_free.push_back(static_cast<int>(index));
-      tx_inflight--;
-      if (close_when_idle && tx_inflight == 0) CloseEndpoint();
+      tx.free.push_back(static_cast<int>(index));
+      tx.inflight--;
+      if (failure.close_when_idle && tx.inflight == 0) CloseEndpoint();
       if (!c.status.ok() && phase != Phase::kClosed) {
         Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", c.status.message())));
       }
       break;
     case kCtxHello:
-      tx_inflight--;
+      tx.inflight--;
       if (!c.status.ok()) Fail(ResetError(absl::StrCat("Hello failed: ", c.status.message())));
       break;
     case kCtxRead:
-      reads_out--;
-      if (!c.status.ok() && read_status.ok()) read_status = c.status;
+      sink.reads_out--;
+      if (!c.status.ok() && sink.read_status.ok()) sink.read_status = c.status;
       break;
     case kCtxWrite:
-      writes_out--;
-      if (!c.status.ok() && write_status.ok()) write_status = c.status;
+      source.writes_out--;
+      if (!c.status.ok() && source.write_status.ok()) source.write_status = c.status;
       break;
     case kCtxAtomic:
-      atomics_out--;
-      if (!c.status.ok() && atomic_status.ok()) atomic_status = c.status;
+      az.atomics_out--;
+      if (!c.status.ok() && az.atomic_status.ok()) az.atomic_status = c.status;
       break;
     case kCtxAzRead:
       AzRxLanded(c.status);
@@ -298,8 +299,8 @@ void ConnState::OnCompletion(CtxKind kind, uint32_t index, Completion& c) {
 }
 
 void ConnState::OnRx(int buf, size_t len) {
-  if (!error.ok()) return;
-  const uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
+  if (!failure.error.ok()) return;
+  const uint8_t* p = rx.region.base + static_cast<size_t>(buf) * rx.size;
   if (len < wire::kHeaderSize) {
     ProtocolError(MakeError(absl::StatusCode::kInvalidArgument, EPROTO,
                             absl::StrCat("SDP message of ", len, " bytes is shorter than the "
@@ -309,27 +310,27 @@ void ConnState::OnRx(int buf, size_t len) {
   }
   uint32_t mseq;
   std::memcpy(&mseq, p + 8, 4);
-  uint32_t ahead = mseq - rx_mseq;
-  if (ahead == 0 || ahead > static_cast<uint32_t>(rx_count) || rx_reorder.count(mseq)) {
+  uint32_t ahead = mseq - credit.rx_mseq;
+  if (ahead == 0 || ahead > static_cast<uint32_t>(rx.count) || rx.reorder.count(mseq)) {
     wire::Header h;
     h.mid = static_cast<MessageId>(p[0]);
     h.mseq = mseq;
-    ProtocolError(Violation(h, absl::StrCat("is out of sequence (expected ", rx_mseq + 1, ")")));
+    ProtocolError(Violation(h, absl::StrCat("is out of sequence (expected ", credit.rx_mseq + 1, ")")));
     return;
   }
   // Providers may complete receives out of order: process by mseq. The
   // usual case, the next one with nothing parked, skips the map (a node
   // allocation per message).
-  if (ahead == 1 && rx_reorder.empty()) {
+  if (ahead == 1 && rx.reorder.empty()) {
     Process(buf, len);
     return;
   }
-  rx_reorder[mseq] = {buf, len};
-  while (error.ok()) {
-    auto it = rx_reorder.find(rx_mseq + 1);
-    if (it == rx_reorder.end()) break;
+  rx.reorder[mseq] = {buf, len};
+  while (failure.error.ok()) {
+    auto it = rx.reorder.find(credit.rx_mseq + 1);
+    if (it == rx.reorder.end()) break;
     auto [b, l] = it->second;
-    rx_reorder.erase(it);
+    rx.reorder.erase(it);
     Process(b, l);
   }
 }
@@ -349,44 +350,44 @@ static std::string TraceBody(const wire::Message& m) {
 }
 
 void ConnState::VoidSinkAvail() {
-  if (!sink.active || sink.resolved) return;
-  if (!sink.posted) {
+  if (!sink.advert.active || sink.advert.resolved) return;
+  if (!sink.advert.posted) {
     // Still queued here: withdraw it.
-    for (auto it = ctlq.begin(); it != ctlq.end(); ++it) {
+    for (auto it = tx.ctlq.begin(); it != tx.ctlq.end(); ++it) {
       if (it->mid == MessageId::kSinkAvail) {
-        ctlq.erase(it);
+        tx.ctlq.erase(it);
         break;
       }
     }
   }
-  sink.resolved = true;
-  sink.written = 0;
+  sink.advert.resolved = true;
+  sink.advert.written = 0;
   stats.sinkavail_void++;
 }
 
 void ConnState::Process(int buf, size_t len) {
-  const uint8_t* p = rx.base + static_cast<size_t>(buf) * rx_size;
+  const uint8_t* p = rx.region.base + static_cast<size_t>(buf) * rx.size;
   const std::span<const uint8_t> bytes(p, len);
   if (len >= wire::kHeaderSize && p[0] == static_cast<uint8_t>(MessageId::kData)) {
     // Data, nearly every message of a stream, without a wire::Message: its
     // body variant and StatusOr cost a twentieth of a small send plus
     // receive (bench/socket_ops_bench).
     wire::Header h;
-    if (absl::Status st = wire::DecodeHeader(bytes, wire::Limits{rx_size}, &h); !st.ok()) {
+    if (absl::Status st = wire::DecodeHeader(bytes, wire::Limits{rx.size}, &h); !st.ok()) {
       ProtocolError(std::move(st));
       return;
     }
     ZS_LOG(kTrace, "sdp conn %d rx Data mseq %u flags 0x%x len %u payload %u",
            static_cast<int>(id), h.mseq, h.flags, h.len, h.len - wire::kHeaderSize);
     if (!AcceptHeader(h, nullptr)) return;
-    if (h.flags & wire::kFlagAckReq) answer_due = true;
+    if (h.flags & wire::kFlagAckReq) bcopy.answer_due = true;
     const DataOutcome out = OnData(h, buf, bytes.subspan(wire::kHeaderSize));
     if (out == DataOutcome::kFailed) return;
     if (out == DataOutcome::kRepost) Repost(buf);
     engine->NotifyLocked();
     return;
   }
-  auto decoded = wire::Decode(bytes, wire::Limits{rx_size});
+  auto decoded = wire::Decode(bytes, wire::Limits{rx.size});
   if (!decoded.ok()) {
     ProtocolError(decoded.status());
     return;
@@ -406,19 +407,19 @@ void ConnState::Process(int buf, size_t len) {
     case MessageId::kSrcAvail: {
       auto& a = std::get<wire::Advert>(m.body);
       const bool pulled = h.flags & wire::kFlagPull;
-      if (pulled && (h.flags != wire::kFlagPull || a.az_slot != wire::kNoSlot || !pull_offered)) {
-        ProtocolError(Violation(h, pull_offered ? "mixes the Pull flag with AZ-SDP fields"
+      if (pulled && (h.flags != wire::kFlagPull || a.az_slot != wire::kNoSlot || !pull.offered)) {
+        ProtocolError(Violation(h, pull.offered ? "mixes the Pull flag with AZ-SDP fields"
                                                 : "is flagged Pull, which this side did not offer"));
         return;
       }
       const bool az_msg = h.flags != 0 && !pulled;
-      if ((az_msg || a.az_slot != wire::kNoSlot) && !az_table) {
+      if ((az_msg || a.az_slot != wire::kNoSlot) && !az.table) {
         ProtocolError(Violation(h, "uses AZ-SDP fields, which were not negotiated"));
         return;
       }
-      if (az_msg && (!(h.flags & wire::kFlagAzAsync) || a.az_slot >= az_table_slots)) {
+      if (az_msg && (!(h.flags & wire::kFlagAzAsync) || a.az_slot >= az.table_slots)) {
         ProtocolError(Violation(h, absl::StrCat("names lock word ", a.az_slot, " of ",
-                                                az_table_slots, " or lacks the AzAsync flag")));
+                                                az.table_slots, " or lacks the AzAsync flag")));
         return;
       }
       if (!az_msg && a.az_slot != wire::kNoSlot) {
@@ -428,11 +429,11 @@ void ConnState::Process(int buf, size_t len) {
       if (h.flags & wire::kFlagAzUpdate) {
         // Copy-on-write: the source won the lock word and moved the data.
         RxSeg* seg = nullptr;
-        for (RxSeg& x : rxq) {
+        for (RxSeg& x : rx.queue) {
           if (x.kind == RxSeg::kSrcAvail && x.slot == a.az_slot) seg = &x;
         }
         if (seg == nullptr) {
-          if (shut_rd) break;  // dropped unread (DropReceived)
+          if (shut.rd) break;  // dropped unread (DropReceived)
           ProtocolError(Violation(h, absl::StrCat("updates lock word ", a.az_slot,
                                                   ", which no outstanding SrcAvail uses")));
           return;
@@ -453,15 +454,15 @@ void ConnState::Process(int buf, size_t len) {
         ProtocolError(Violation(h, "arrived although this side did not offer RDMA read"));
         return;
       }
-      if (peer_shut_wr) {
+      if (shut.peer_wr) {
         ProtocolError(Violation(h, "arrived after DisconnReq"));
         return;
       }
       // Stream position: everything received plus what outstanding
       // SrcAvails announced.
-      uint64_t announced = rx_pos;
+      uint64_t announced = rx.pos;
       uint32_t outstanding = 0, outstanding_pulled = 0;
-      for (const RxSeg& s : rxq) {
+      for (const RxSeg& s : rx.queue) {
         if (s.kind != RxSeg::kSrcAvail) continue;
         (s.pulled ? outstanding_pulled : outstanding)++;
         announced += s.len - s.off;
@@ -484,7 +485,7 @@ void ConnState::Process(int buf, size_t len) {
         return;
       }
       VoidSinkAvail();
-      if (!pulled) last_src_advert = h.mseq;  // (pulled adverts are never cancelled)
+      if (!pulled) sink.last_src_advert = h.mseq;  // (pulled adverts are never cancelled)
       RxSeg s;
       s.kind = RxSeg::kSrcAvail;
       s.pulled = pulled;
@@ -495,20 +496,20 @@ void ConnState::Process(int buf, size_t len) {
       s.stream_pos = a.stream_pos;
       if (az_msg) {
         s.slot = a.az_slot;
-        s.gen = az_sink_gen[a.az_slot];
+        s.gen = az.sink_gen[a.az_slot];
       }
-      if (shut_rd) {
+      if (shut.rd) {
         // Discarded: AZ and pulled adverts count as delivered (their source
         // cannot resend in order), others are resent as Data and dropped.
         if (az_msg || pulled) {
-          rx_pos += s.len;
+          rx.pos += s.len;
           AzSinkDone(s);
         }
         QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
                                wire::Completed{h.mseq, 0}});
         break;
       }
-      rxq.push_back(std::move(s));
+      rx.queue.push_back(std::move(s));
       break;
     }
     case MessageId::kSinkAvail: {
@@ -521,27 +522,27 @@ void ConnState::Process(int buf, size_t len) {
         ProtocolError(Violation(h, "arrived although this side did not offer RDMA write"));
         return;
       }
-      if (sink_in.valid) {
+      if (source.peer_sink.valid) {
         ProtocolError(Violation(h, "arrived while the previous SinkAvail is unresolved"));
         return;
       }
-      last_sink_advert = h.mseq;
+      source.last_sink_advert = h.mseq;
       stats.sinkavail_received++;
       // Valid only if nothing this side sent is still on its way to the sink
       // and no SrcAvail is outstanding; otherwise void (the sink sees data
       // first and knows).
-      if (a.stream_pos == tx_pos && !(src.active && !src.finished) && az_src.empty() &&
-          !shut_wr) {
-        sink_in.valid = true;
-        sink_in.writing = false;
-        sink_in.cancel_requested = false;
-        sink_in.id = h.mseq;
-        sink_in.len = a.length;
-        sink_in.addr = a.addr;
-        sink_in.key = std::move(a.key);
-      } else if (a.stream_pos > tx_pos) {
+      if (a.stream_pos == tx.pos && !(source.advert.active && !source.advert.finished) && az.src.empty() &&
+          !shut.wr) {
+        source.peer_sink.valid = true;
+        source.peer_sink.writing = false;
+        source.peer_sink.cancel_requested = false;
+        source.peer_sink.id = h.mseq;
+        source.peer_sink.len = a.length;
+        source.peer_sink.addr = a.addr;
+        source.peer_sink.key = std::move(a.key);
+      } else if (a.stream_pos > tx.pos) {
         ProtocolError(Violation(h, absl::StrCat("claims stream position ", a.stream_pos,
-                                                " beyond the ", tx_pos, " bytes sent")));
+                                                " beyond the ", tx.pos, " bytes sent")));
         return;
       }
       break;
@@ -549,9 +550,9 @@ void ConnState::Process(int buf, size_t len) {
     case MessageId::kRdmaRdCompl: {
       auto c = std::get<wire::Completed>(m.body);
       size_t azi = 0;
-      while (azi < az_src.size() && !(az_src[azi].posted && az_src[azi].id == c.advert)) ++azi;
-      if (azi < az_src.size()) {
-        AzSrc& s = az_src[azi];
+      while (azi < az.src.size() && !(az.src[azi].posted && az.src[azi].id == c.advert)) ++azi;
+      if (azi < az.src.size()) {
+        AzSrcAvail& s = az.src[azi];
         if (c.bytes > s.len - s.done || (h.flags & wire::kFlagCancelReply)) {
           ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes of asynchronous "
                                                   "SrcAvail ", c.advert, " (", s.len - s.done,
@@ -562,68 +563,68 @@ void ConnState::Process(int buf, size_t len) {
         // it (SHUT_RD).
         uint32_t k = (h.flags & wire::kFlagSendSmall) ? s.len - s.done : c.bytes;
         s.done += k;
-        tx_pos += k;
+        tx.pos += k;
         (s.pull ? stats.bytes_sent_pull : stats.bytes_sent_srcavail) += k;
         if (s.done == s.len) AzFinish(azi);
         break;
       }
-      if (!src.active || !src.posted || src.finished || c.advert != src.id) {
+      if (!source.advert.active || !source.advert.posted || source.advert.finished || c.advert != source.advert.id) {
         ProtocolError(Violation(h, absl::StrCat("names SrcAvail ", c.advert,
                                                 ", which is not outstanding")));
         return;
       }
-      if (c.bytes > src.len - src.done) {
+      if (c.bytes > source.advert.len - source.advert.done) {
         ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes; only ",
-                                                src.len - src.done, " remain")));
+                                                source.advert.len - source.advert.done, " remain")));
         return;
       }
-      if ((h.flags & wire::kFlagCancelReply) && !src.cancel_sent) {
+      if ((h.flags & wire::kFlagCancelReply) && !source.advert.cancel_sent) {
         ProtocolError(Violation(h, "answers a cancel that was never sent"));
         return;
       }
-      src.done += c.bytes;
-      tx_pos += c.bytes;  // here, not in Send: a SinkAvail may follow at once
-      if (h.flags & wire::kFlagSendSmall) src.send_small = true;
-      if (src.cancel_sent) {
-        if (h.flags & wire::kFlagCancelReply) src.finished = true;
-      } else if (src.done == src.len || src.send_small) {
-        src.finished = true;
+      source.advert.done += c.bytes;
+      tx.pos += c.bytes;  // here, not in Send: a SinkAvail may follow at once
+      if (h.flags & wire::kFlagSendSmall) source.advert.send_small = true;
+      if (source.advert.cancel_sent) {
+        if (h.flags & wire::kFlagCancelReply) source.advert.finished = true;
+      } else if (source.advert.done == source.advert.len || source.advert.send_small) {
+        source.advert.finished = true;
       }
       break;
     }
     case MessageId::kRdmaWrCompl: {
       auto c = std::get<wire::Completed>(m.body);
-      if (!sink.active || !sink.posted || sink.resolved || c.advert != sink.id) {
+      if (!sink.advert.active || !sink.advert.posted || sink.advert.resolved || c.advert != sink.advert.id) {
         ProtocolError(Violation(h, absl::StrCat("names SinkAvail ", c.advert,
                                                 ", which is not outstanding")));
         return;
       }
-      if (c.bytes > sink.len) {
+      if (c.bytes > sink.advert.len) {
         ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes written into a ",
-                                                sink.len, "-byte SinkAvail")));
+                                                sink.advert.len, "-byte SinkAvail")));
         return;
       }
-      sink.written = c.bytes;
-      sink.resolved = true;
-      rx_pos += c.bytes;
+      sink.advert.written = c.bytes;
+      sink.advert.resolved = true;
+      rx.pos += c.bytes;
       break;
     }
     case MessageId::kSrcAvailCancel: {
       auto r = std::get<wire::AdvertRef>(m.body);
       stats.cancels_received++;
-      if (r.advert != last_src_advert) {
+      if (r.advert != sink.last_src_advert) {
         ProtocolError(Violation(h, absl::StrCat("cancels SrcAvail ", r.advert,
                                                 ", not the last one received")));
         return;
       }
       bool deferred = false;
-      for (auto it = rxq.begin(); it != rxq.end(); ++it) {
+      for (auto it = rx.queue.begin(); it != rx.queue.end(); ++it) {
         if (it->kind == RxSeg::kSrcAvail && it->advert == r.advert) {
           if (it->reading) {
             it->cancel_requested = true;  // Recv answers after its read
             deferred = true;
           } else {
-            rxq.erase(it);
+            rx.queue.erase(it);
           }
           break;
         }
@@ -637,30 +638,30 @@ void ConnState::Process(int buf, size_t len) {
     case MessageId::kSinkAvailCancel: {
       auto r = std::get<wire::AdvertRef>(m.body);
       stats.cancels_received++;
-      if (r.advert != last_sink_advert) {
+      if (r.advert != source.last_sink_advert) {
         ProtocolError(Violation(h, absl::StrCat("cancels SinkAvail ", r.advert,
                                                 ", not the last one received")));
         return;
       }
-      if (sink_in.valid && sink_in.id == r.advert && sink_in.writing) {
-        sink_in.cancel_requested = true;  // Send acks after its RdmaWrCompl
+      if (source.peer_sink.valid && source.peer_sink.id == r.advert && source.peer_sink.writing) {
+        source.peer_sink.cancel_requested = true;  // Send acks after its RdmaWrCompl
       } else {
-        if (sink_in.valid && sink_in.id == r.advert) sink_in.valid = false;
+        if (source.peer_sink.valid && source.peer_sink.id == r.advert) source.peer_sink.valid = false;
         QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{r.advert}});
       }
       break;
     }
     case MessageId::kSinkCancelAck: {
       auto r = std::get<wire::AdvertRef>(m.body);
-      if (sink_acks_due.empty() || sink_acks_due.front() != r.advert) {
+      if (sink.acks_due.empty() || sink.acks_due.front() != r.advert) {
         ProtocolError(Violation(h, absl::StrCat("acknowledges SinkAvail ", r.advert,
                                                 ", which was not cancelled")));
         return;
       }
-      sink_acks_due.pop_front();
-      if (sink.active && sink.id == r.advert && !sink.resolved) {
-        sink.resolved = true;
-        sink.written = 0;
+      sink.acks_due.pop_front();
+      if (sink.advert.active && sink.advert.id == r.advert && !sink.advert.resolved) {
+        sink.advert.resolved = true;
+        sink.advert.written = 0;
       }
       break;
     }
@@ -668,17 +669,17 @@ void ConnState::Process(int buf, size_t len) {
       peer.mode = std::get<wire::ModeChange>(m.body).mode;
       break;
     case MessageId::kDisconnReq:
-      if (peer_shut_wr) {
+      if (shut.peer_wr) {
         ProtocolError(Violation(h, "repeats DisconnReq"));
         return;
       }
-      peer_shut_wr = true;
+      shut.peer_wr = true;
       VoidSinkAvail();
-      credit_update_pending = true;  // acknowledges it at once (Close waits for that)
+      credit.update_pending = true;  // acknowledges it at once (Close waits for that)
       break;
     case MessageId::kAbortConn: {
       uint32_t reason = std::get<wire::Abort>(m.body).reason;
-      peer_aborted = true;
+      failure.peer_aborted = true;
       Fail(ResetError(absl::StrCat("connection reset by the peer (AbortConn",
                                    reason ? absl::StrCat(", reason errno ", reason) : "", ")")));
       return;
@@ -692,21 +693,21 @@ void ConnState::Process(int buf, size_t len) {
 }
 
 bool ConnState::AcceptHeader(const wire::Header& h, const wire::Message* hello) {
-  rx_mseq = h.mseq;
+  credit.rx_mseq = h.mseq;
   stats.messages_received++;
-  recv_since_report++;
+  credit.recv_since_report++;
   if (hello != nullptr) {
-    HandleHello(*hello);
-    if (!error.ok()) return false;
+    OnHello(*hello);
+    if (!failure.error.ok()) return false;
   } else if (phase != Phase::kOpen) {
     ProtocolError(Violation(h, "arrived before the Hello exchange finished"));
     return false;
   }
   // Credits (docs/protocol.md): bufs is absolute, relative to mseq_ack.
-  if (static_cast<int32_t>(h.mseq_ack - peer_ack) < 0 ||
-      static_cast<int32_t>(tx_mseq - h.mseq_ack) < 0) {
+  if (static_cast<int32_t>(h.mseq_ack - credit.peer_ack) < 0 ||
+      static_cast<int32_t>(credit.tx_mseq - h.mseq_ack) < 0) {
     ProtocolError(Violation(h, absl::StrCat("acknowledges mseq ", h.mseq_ack,
-                                            " outside [", peer_ack, ", ", tx_mseq, "]")));
+                                            " outside [", credit.peer_ack, ", ", credit.tx_mseq, "]")));
     return false;
   }
   if (h.bufs > peer.max_bufs) {
@@ -714,55 +715,55 @@ bool ConnState::AcceptHeader(const wire::Header& h, const wire::Message* hello) 
                                             "most ", peer.max_bufs)));
     return false;
   }
-  if (static_cast<int>(h.bufs) < static_cast<int>(tx_mseq - h.mseq_ack)) {
+  if (static_cast<int>(h.bufs) < static_cast<int>(credit.tx_mseq - h.mseq_ack)) {
     ProtocolError(Violation(h, absl::StrCat("grants ", h.bufs, " buffers while ",
-                                            tx_mseq - h.mseq_ack, " messages are unacknowledged "
+                                            credit.tx_mseq - h.mseq_ack, " messages are unacknowledged "
                                             "(negative credit)")));
     return false;
   }
-  peer_ack = h.mseq_ack;
-  peer_bufs = h.bufs;
-  if (payload_posted && static_cast<int32_t>(peer_ack - last_payload_mseq) >= 0) {
-    payload_posted = false;  // all acknowledged (and no stale comparison later)
+  credit.peer_ack = h.mseq_ack;
+  credit.peer_bufs = h.bufs;
+  if (bcopy.payload_posted && static_cast<int32_t>(credit.peer_ack - bcopy.last_payload_mseq) >= 0) {
+    bcopy.payload_posted = false;  // all acknowledged (and no stale comparison later)
   }
-  if (ackreq_out && static_cast<int32_t>(peer_ack - ackreq_mseq) >= 0) {
-    ackreq_out = false;
+  if (bcopy.ackreq_out && static_cast<int32_t>(credit.peer_ack - bcopy.ackreq_mseq) >= 0) {
+    bcopy.ackreq_out = false;
     // No send joined a tail held for this acknowledgement: the
     // application is not sending in bursts, and asking costs both sides a
     // message (and the peer's progress thread a wake-up) for nothing. Ask
     // less often, up to once per kCorkMaxSkip flaggable messages; a useful
     // one resets it.
-    if (ackreq_useful) {
-      cork_backoff = 0;
+    if (bcopy.ackreq_useful) {
+      bcopy.cork_backoff = 0;
     } else {
-      cork_backoff = std::min(std::max(2 * cork_backoff, 4u), kCorkMaxSkip);
-      cork_skip = cork_backoff;
+      bcopy.cork_backoff = std::min(std::max(2 * bcopy.cork_backoff, 4u), kCorkMaxSkip);
+      bcopy.cork_skip = bcopy.cork_backoff;
     }
   }
-  if (Credits() > kCreditReserve) stalled = false;
+  if (Credits() > kCreditReserve) credit.stalled = false;
   return true;
 }
 
 ConnState::DataOutcome ConnState::OnData(const wire::Header& h, int buf,
                                          std::span<const uint8_t> payload) {
   if (payload.empty()) return DataOutcome::kRepost;  // credit update
-  if (peer_shut_wr) {
+  if (shut.peer_wr) {
     ProtocolError(Violation(h, "carries data after DisconnReq"));
     return DataOutcome::kFailed;
   }
   VoidSinkAvail();
-  rx_pos += payload.size();
-  if (shut_rd) return DataOutcome::kRepost;  // discarded
+  rx.pos += payload.size();
+  if (shut.rd) return DataOutcome::kRepost;  // discarded
   RxSeg s;
   s.kind = RxSeg::kData;
   s.buf = buf;
   s.data = payload.data();
   s.len = payload.size();
-  rxq.push_back(s);
+  rx.queue.push_back(s);
   return DataOutcome::kKeep;
 }
 
-void ConnState::HandleHello(const wire::Message& m) {
+void ConnState::OnHello(const wire::Message& m) {
   const wire::Header& h = m.header;
   bool expected = phase == Phase::kHandshake &&
                   (active ? h.mid == MessageId::kHelloAck : h.mid == MessageId::kHello);
@@ -772,7 +773,7 @@ void ConnState::HandleHello(const wire::Message& m) {
   }
   peer = std::get<wire::Hello>(m.body);
   for (const auto& e : peer.extensions) {
-    if (e.type == wire::kExtAckReq) peer_answers = true;
+    if (e.type == wire::kExtAckReq) bcopy.peer_answers = true;
     if (e.type != wire::kExtSocketAddress) continue;
     if (auto a = ParseSocketAddress(e.value); a.ok()) {
       peer_sockaddr = a->ToString();
@@ -782,9 +783,9 @@ void ConnState::HandleHello(const wire::Message& m) {
     }
   }
   AcceptPeerAz();
-  if (!error.ok()) return;
+  if (!failure.error.ok()) return;
   AcceptPeerPull();
-  if (!error.ok()) return;
+  if (!failure.error.ok()) return;
   UpdateCork();
   if (auto st = SetUpTx(); !st.ok()) {
     Fail(st);
@@ -794,8 +795,8 @@ void ConnState::HandleHello(const wire::Message& m) {
   if (!active) {
     wire::Hello ack;
     ack.caps = my_caps;
-    ack.buf_size = static_cast<uint32_t>(rx_size);
-    ack.max_bufs = static_cast<uint16_t>(rx_count);
+    ack.buf_size = static_cast<uint32_t>(rx.size);
+    ack.max_bufs = static_cast<uint16_t>(rx.count);
     ack.mode = opt.mode;
     if (!opt.local_sockaddr.empty()) {
       ack.extensions.push_back({wire::kExtSocketAddress, opt.local_sockaddr});
@@ -814,22 +815,22 @@ void ConnState::QueueCtl(const wire::Message& m) {
   TxItem item;
   item.mid = m.header.mid;
   item.encoded = wire::EncodeToString(m);
-  ctlq.push_back(std::move(item));
+  tx.ctlq.push_back(std::move(item));
 }
 
 void ConnState::QueueData(const wire::Message& m) {
   TxItem item;
   item.mid = m.header.mid;
   item.encoded = wire::EncodeToString(m);
-  dataq.push_back(std::move(item));
+  tx.dataq.push_back(std::move(item));
 }
 
 bool ConnState::PostItem(TxItem& item) {
   int slot = item.slot;
   if (slot < 0) {
-    if (tx_free.empty()) return false;
-    slot = tx_free.back();
-    tx_free.pop_back();
+    if (tx.free.empty()) return false;
+    slot = tx.free.back();
+    tx.free.pop_back();
   }
   uint8_t* p = SlotPtr(slot);
   size_t len;
@@ -847,10 +848,10 @@ bool ConnState::PostItem(TxItem& item) {
   // next small tail waits (HoldTail).
   // Not when it goes because the application is about to wait (nothing
   // will be held behind it), nor when more data is queued behind it.
-  bool ackreq = payload && cork && item.payload <= CorkFlagMax() && !flush_tail &&
-                !dataq.empty() && &item == &dataq.back() && (item.held || PayloadInFlight());
-  if (ackreq && cork_skip > 0) {
-    cork_skip--;
+  bool ackreq = payload && bcopy.cork && item.payload <= CorkFlagMax() && !bcopy.flush_tail &&
+                !tx.dataq.empty() && &item == &tx.dataq.back() && (item.held || PayloadInFlight());
+  if (ackreq && bcopy.cork_skip > 0) {
+    bcopy.cork_skip--;
     ackreq = false;
   }
   if (ackreq) flags |= wire::kFlagAckReq;
@@ -859,78 +860,78 @@ bool ConnState::PostItem(TxItem& item) {
   h.flags = flags;
   h.bufs = static_cast<uint16_t>(Reportable());
   h.len = static_cast<uint32_t>(len);
-  h.mseq = ++tx_mseq;
-  h.mseq_ack = rx_mseq;
+  h.mseq = ++credit.tx_mseq;
+  h.mseq_ack = credit.rx_mseq;
   wire::EncodeHeader(h, p);
   if (item.az_serial != 0) {
-    if (AzSrc* s = FindAz(item.az_serial)) {
+    if (AzSrcAvail* s = FindAz(item.az_serial)) {
       s->id = h.mseq;
       s->posted = true;
     }
   } else if (item.mid == MessageId::kSrcAvail && !(flags & wire::kFlagAzUpdate)) {
-    src.id = h.mseq;
-    src.posted = true;
+    source.advert.id = h.mseq;
+    source.advert.posted = true;
   } else if (item.mid == MessageId::kSinkAvail) {
-    sink.id = h.mseq;
-    sink.posted = true;
+    sink.advert.id = h.mseq;
+    sink.advert.posted = true;
   } else if (item.mid == MessageId::kDisconnReq) {
-    shut_mseq = h.mseq;
+    shut.wr_mseq = h.mseq;
   }
   // Small Data messages are injected: no completion to reap and dispatch
   // for each, and the slot is free at once. Close still waits for them (the
   // peer acknowledges its DisconnReq after them); other messages keep their
   // completion (an AbortConn must leave before the endpoint closes,
   // CloseEndpointWhenIdle).
-  const bool inject = item.mid == MessageId::kData && len <= inject_max;
-  auto st = ep->Send(p, len, tx.mr.get(), inject ? kInjectContext : MakeCtx(id, kCtxTx, slot));
+  const bool inject = item.mid == MessageId::kData && len <= tx.inject_max;
+  auto st = ep->Send(p, len, tx.region.mr.get(), inject ? kInjectContext : MakeCtx(id, kCtxTx, slot));
   if (!st.ok()) {
-    tx_free.push_back(slot);
-    --tx_mseq;
+    tx.free.push_back(slot);
+    --credit.tx_mseq;
     Fail(ResetError(absl::StrCat("send to ", peer_address, " failed: ", st.message())));
     return false;
   }
   ZS_LOG(kTrace, "sdp conn %d tx %s mseq %u len %zu%s", static_cast<int>(id),
          wire::MessageName(item.mid), h.mseq, len, inject ? " (injected)" : "");
   if (inject) {
-    tx_free.push_back(slot);
+    tx.free.push_back(slot);
   } else {
-    tx_inflight++;
+    tx.inflight++;
   }
-  last_reported = Reportable();
-  recv_since_report = 0;
-  credit_update_pending = false;
-  answer_due = false;  // mseq_ack = rx_mseq covers every message processed
+  credit.last_reported = Reportable();
+  credit.recv_since_report = 0;
+  credit.update_pending = false;
+  bcopy.answer_due = false;  // mseq_ack = rx_mseq covers every message processed
   if (payload) {
-    payload_posted = true;
-    last_payload_mseq = h.mseq;
-    if (&item == &dataq.back()) flush_tail = false;  // everything queued at the flush left
+    bcopy.payload_posted = true;
+    bcopy.last_payload_mseq = h.mseq;
+    if (&item == &tx.dataq.back()) bcopy.flush_tail = false;  // everything queued at the flush left
   }
   if (ackreq) {
-    ackreq_out = true;
-    ackreq_mseq = h.mseq;
-    ackreq_useful = false;
+    bcopy.ackreq_out = true;
+    bcopy.ackreq_mseq = h.mseq;
+    bcopy.ackreq_useful = false;
     stats.ack_requests++;
   }
   stats.messages_sent++;
   if (item.mid == MessageId::kData) {
-    queued_data_bytes -= item.payload;
+    bcopy.queued_bytes -= item.payload;
     if (item.payload == 0) stats.credit_updates_sent++;
   }
   return true;
 }
 
 void ConnState::TryTransmit() {
-  if (phase != Phase::kOpen || !error.ok() || held) return;
+  if (phase != Phase::kOpen || !failure.error.ok() || tx.held) return;
   for (;;) {
     int credits = Credits();
     int owed = Owed();
-    if (!ctlq.empty() || !dataq.empty()) {
-      bool from_ctl = !ctlq.empty();
-      TxItem& item = from_ctl ? ctlq.front() : dataq.front();
+    if (!tx.ctlq.empty() || !tx.dataq.empty()) {
+      bool from_ctl = !tx.ctlq.empty();
+      TxItem& item = from_ctl ? tx.ctlq.front() : tx.dataq.front();
       bool data = item.mid == MessageId::kData && item.payload > 0;
       int need = data ? kCreditReserve + 1 : 1;
       bool can = credits >= need && !(credits == 1 && owed <= 0) &&
-                 (item.slot >= 0 || !tx_free.empty());
+                 (item.slot >= 0 || !tx.free.empty());
       if (can && data && !from_ctl && HoldTail(item)) {
         if (!item.held) stats.autocork_holds++;
         item.held = true;
@@ -938,26 +939,26 @@ void ConnState::TryTransmit() {
       }
       if (can) {
         if (opt.test_hold && !opt.test_hold(item.mid)) {
-          held = true;
+          tx.held = true;
           return;
         }
         if (!PostItem(item)) return;
         if (from_ctl) {
-          ctlq.pop_front();
+          tx.ctlq.pop_front();
         } else {
-          dataq.pop_front();
+          tx.dataq.pop_front();
         }
         engine->NotifyLocked();
         continue;
       }
-      if (data && credits < need && !stalled) {
-        stalled = true;
+      if (data && credits < need && !credit.stalled) {
+        credit.stalled = true;
         stats.credit_stalls++;
       }
     }
     // The head cannot go (or nothing is queued): a credit update still may,
     // so that two sides stalled on Data never deadlock (docs/protocol.md).
-    if (credit_update_pending && owed > 0 && credits >= 1 && !tx_free.empty()) {
+    if (credit.update_pending && owed > 0 && credits >= 1 && !tx.free.empty()) {
       TxItem upd;  // Data without payload
       upd.mid = MessageId::kData;
       if (!PostItem(upd)) return;
@@ -968,8 +969,8 @@ void ConnState::TryTransmit() {
     // an empty Data (which also reports our buffers).
     // Like a control message, but not out of the reserve unless it also
     // returns credits (the requester holds only while we have more).
-    if (answer_due && credits >= 1 && (credits > kCreditReserve || owed > 0) &&
-        !tx_free.empty()) {
+    if (bcopy.answer_due && credits >= 1 && (credits > kCreditReserve || owed > 0) &&
+        !tx.free.empty()) {
       TxItem ack;
       ack.mid = MessageId::kData;
       if (!PostItem(ack)) return;
@@ -981,77 +982,60 @@ void ConnState::TryTransmit() {
   }
 }
 
-size_t IovBytes(std::span<const iovec> iov) {
-  size_t n = 0;
-  for (const iovec& v : iov) n += v.iov_len;
-  return n;
-}
-
 bool ConnState::CanPostSmall(std::span<const iovec> iov) const {
-  if (phase != Phase::kOpen || !ctlq.empty() || !dataq.empty() || sink_in.valid ||
-      Credits() < kCreditReserve + 1 || tx_free.size() <= kCtlSlots) {
+  if (phase != Phase::kOpen || !tx.ctlq.empty() || !tx.dataq.empty() || source.peer_sink.valid ||
+      Credits() < kCreditReserve + 1 || tx.free.size() <= kCtlSlots) {
     return false;
   }
   return IovBytes(iov) <
-         std::min(tx_size - wire::kHeaderSize, std::max<size_t>(opt.zcopy_threshold, 1));
+         std::min(tx.size - wire::kHeaderSize, std::max<size_t>(opt.zcopy_threshold, 1));
 }
 
 void ConnState::SetAutocork(bool on) {
   opt.autocork = on;
   UpdateCork();
-  if (!cork) FlushTail();
-}
-
-bool ConnState::PayloadInFlight() const {
-  return payload_posted && static_cast<int32_t>(peer_ack - last_payload_mseq) < 0;
+  if (!bcopy.cork) FlushTail();
 }
 
 bool ConnState::HoldTail(const TxItem& item) const {
-  if (!cork || !ackreq_out || static_cast<int32_t>(peer_ack - ackreq_mseq) >= 0) return false;
+  if (!bcopy.cork || !bcopy.ackreq_out || static_cast<int32_t>(credit.peer_ack - bcopy.ackreq_mseq) >= 0) return false;
   // Only a lone Data tail of at most half a slot waits: growing past that,
   // or anything queued behind it (the next slot, a SrcAvail, the
   // DisconnReq), sends it.
-  if (dataq.size() != 1 || &item != &dataq.front() || item.slot < 0 ||
+  if (tx.dataq.size() != 1 || &item != &tx.dataq.front() || item.slot < 0 ||
       item.payload > CorkFlagMax()) {
     return false;
   }
   // A message is going to the peer anyway (credits or an answer it asked
   // for): the data goes as that message.
-  if (credit_update_pending || answer_due || flush_tail) return false;
+  if (credit.update_pending || bcopy.answer_due || bcopy.flush_tail) return false;
   // The peer must be able to answer: by our count it still holds credits
   // for a message to us (else it may be blocked until our application
   // reads, and the tail would wait for that).
-  return last_reported - static_cast<int>(recv_since_report) > kCreditReserve;
-}
-
-size_t ConnState::HeldBytes() const {
-  if (dataq.empty() || phase != Phase::kOpen || !error.ok()) return 0;
-  const TxItem& t = dataq.front();
-  if (t.mid != MessageId::kData || t.payload == 0 || Credits() < kCreditReserve + 1) return 0;
-  return HoldTail(t) ? t.payload : 0;
+  return credit.last_reported - static_cast<int>(credit.recv_since_report) > kCreditReserve;
 }
 
 void ConnState::FlushTail() {
   // Whatever is queued now goes without holding, including a tail that
   // only waits for credits yet (it must not be held once they come).
-  if (dataq.empty()) return;
-  flush_tail = true;
+  if (tx.dataq.empty()) return;
+  bcopy.flush_tail = true;
   TryTransmit();
 }
 
 void ConnState::UpdateCork() {
-  cork = opt.autocork && peer_answers && engine->has_progress_thread();
+  bcopy.cork = opt.autocork && bcopy.peer_answers && engine->has_progress_thread();
 }
 
 bool ConnState::CanAppend() const {
-  if (!dataq.empty()) {
-    const TxItem& tail = dataq.back();
+  if (!tx.dataq.empty()) {
+    const TxItem& tail = tx.dataq.back();
     if (tail.mid == MessageId::kData && tail.slot >= 0 &&
-        tail.payload < tx_size - wire::kHeaderSize) {
+        tail.payload < tx.size - wire::kHeaderSize) {
       return true;
     }
   }
-  return queued_data_bytes < opt.sndbuf && tx_free.size() > kCtlSlots;
+  return bcopy.queued_bytes < opt.sndbuf && tx.free.size() > kCtlSlots;
 }
 
 size_t ConnState::AppendData(const uint8_t* p, size_t n) {
@@ -1059,69 +1043,69 @@ size_t ConnState::AppendData(const uint8_t* p, size_t n) {
   bool coalesced = false;
   while (n > 0) {
     TxItem* tail = nullptr;
-    if (!dataq.empty() && dataq.back().mid == MessageId::kData && dataq.back().slot >= 0 &&
-        dataq.back().payload < tx_size - wire::kHeaderSize) {
-      tail = &dataq.back();
+    if (!tx.dataq.empty() && tx.dataq.back().mid == MessageId::kData && tx.dataq.back().slot >= 0 &&
+        tx.dataq.back().payload < tx.size - wire::kHeaderSize) {
+      tail = &tx.dataq.back();
       if (tail->payload > 0 && total == 0) coalesced = true;
     } else {
-      if (queued_data_bytes >= opt.sndbuf || tx_free.size() <= kCtlSlots) break;
+      if (bcopy.queued_bytes >= opt.sndbuf || tx.free.size() <= kCtlSlots) break;
       TxItem item;
       item.mid = MessageId::kData;
-      item.slot = tx_free.back();
-      tx_free.pop_back();
-      dataq.push_back(std::move(item));
-      tail = &dataq.back();
+      item.slot = tx.free.back();
+      tx.free.pop_back();
+      tx.dataq.push_back(std::move(item));
+      tail = &tx.dataq.back();
     }
-    size_t k = std::min(n, tx_size - wire::kHeaderSize - tail->payload);
+    size_t k = std::min(n, tx.size - wire::kHeaderSize - tail->payload);
     CopyBytes(SlotPtr(tail->slot) + wire::kHeaderSize + tail->payload, p, k);
     tail->payload += k;
-    queued_data_bytes += k;
+    bcopy.queued_bytes += k;
     p += k;
     n -= k;
     total += k;
   }
   if (total > 0) {
-    tx_pos += total;
+    tx.pos += total;
     stats.bytes_sent_bcopy += total;
     if (coalesced) stats.coalesced_sends++;
-    if (sink_in.valid && !sink_in.writing) sink_in.valid = false;  // void by data
+    if (source.peer_sink.valid && !source.peer_sink.writing) source.peer_sink.valid = false;  // void by data
   }
   return total;
 }
 
 void ConnState::QueueShutdownWr() {
-  if (shut_wr) return;
-  shut_wr = true;
-  if (sink_in.valid && !sink_in.writing) sink_in.valid = false;
+  if (shut.wr) return;
+  shut.wr = true;
+  if (source.peer_sink.valid && !source.peer_sink.writing) source.peer_sink.valid = false;
   QueueData(wire::Message{{MessageId::kDisconnReq}, wire::Empty{}});
   TryTransmit();
 }
 
 void ConnState::DropReceived() {
-  while (!rxq.empty() && !rxq.front().reading) {
-    RxSeg& s = rxq.front();
+  while (!rx.queue.empty() && !rx.queue.front().reading) {
+    RxSeg& s = rx.queue.front();
     if (s.kind == RxSeg::kData) {
       Repost(s.buf);
     } else {
       if (s.slot != wire::kNoSlot || s.pulled) {
-        rx_pos += s.len - s.off;
+        rx.pos += s.len - s.off;
         AzSinkDone(s);
       }
       QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagSendSmall},
                              wire::Completed{s.advert, 0}});
     }
-    rxq.pop_front();
+    rx.queue.pop_front();
   }
   TryTransmit();
 }
 
 uint32_t ConnState::ReadinessNow() const {
   uint32_t r = 0;
-  if (!error.ok()) r |= kError | kReadable | kWritable | kHup;
-  if (!rxq.empty() || peer_shut_wr || shut_rd) r |= kReadable;
-  if (peer_shut_wr) r |= kRdHup;
-  if (phase == Phase::kOpen && !shut_wr && (CanAppend() || sink_in.valid)) r |= kWritable;
-  if (peer_shut_wr && shut_wr) r |= kHup;
+  if (!failure.error.ok()) r |= kError | kReadable | kWritable | kHup;
+  if (!rx.queue.empty() || shut.peer_wr || shut.rd) r |= kReadable;
+  if (shut.peer_wr) r |= kRdHup;
+  if (phase == Phase::kOpen && !shut.wr && (CanAppend() || source.peer_sink.valid)) r |= kWritable;
+  if (shut.peer_wr && shut.wr) r |= kHup;
   return r;
 }
 
@@ -1134,17 +1118,12 @@ namespace {
 // would start a relative timeout afresh).
 const Deadline kNoWait{absl::InfinitePast()};
 
-absl::Status Closed() {
-  return MakeError(absl::StatusCode::kFailedPrecondition, EBADF, "the connection is closed",
-                   "do not use a Connection after Close()");
-}
-
 // A Send or Recv in progress on a connection, from the first engine lock
 // taken on it to the last one released (a scope inside the lock): Close
 // lets such calls leave before the state goes.
 class CallScope {
  public:
-  explicit CallScope(ConnState* c) : c_(c) { ++c_->calls; }
+  explicit CallScope(ConnState* c) : c_(c) { ++c_->calls.active; }
   ~CallScope() { c_->LeaveCall(); }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
@@ -1176,7 +1155,7 @@ struct IovCursor {
 }  // namespace
 
 void ConnState::LeaveCall() {
-  if (--calls == 0 && closing) engine->NotifyLocked();
+  if (--calls.active == 0 && calls.closing) engine->NotifyLocked();
 }
 
 Connection::~Connection() {
@@ -1220,20 +1199,20 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
     // here lets this send go at once (and the request counts as one no
     // send waited for).
     bool poll;
-    if (c->ctlq.empty() && c->HeldBytes() > 0 && IovBytes(iov) <= c->CorkFlagMax()) {
-      c->ackreq_useful = true;  // a send joins a held tail: the request pays
-      poll = ++c->dataq.front().appends % kCorkPollEvery == 0;
+    if (c->tx.ctlq.empty() && c->HeldBytes() > 0 && IovBytes(iov) <= c->CorkFlagMax()) {
+      c->bcopy.ackreq_useful = true;  // a send joins a held tail: the request pays
+      poll = ++c->tx.dataq.front().appends % kCorkPollEvery == 0;
     } else {
-      poll = c->ackreq_out || !c->CanPostSmall(iov);
+      poll = c->bcopy.ackreq_out || !c->CanPostSmall(iov);
     }
     if (poll) e->ProgressLocked();
     bool dontwait = flags & MSG_DONTWAIT;
-    if (!e->WaitLocked([&] { return !c->send_busy; }, dontwait ? kNoWait : deadline)) {
+    if (!e->WaitLocked([&] { return !c->calls.send_busy; }, dontwait ? kNoWait : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
     }
-    c->send_busy = true;
+    c->calls.send_busy = true;
     absl::Cleanup done = [&] {
-      c->send_busy = false;
+      c->calls.send_busy = false;
       e->NoteReadinessLocked(c);
       e->NotifyLocked();
     };
@@ -1242,8 +1221,8 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
       if (total > 0) return total;
       return st;
     };
-    if (!c->error.ok()) return c->error;
-    if (c->shut_wr) return PipeError();
+    if (!c->failure.error.ok()) return c->failure.error;
+    if (c->shut.wr) return PipeError();
     if (c->phase != ConnState::Phase::kOpen) return Closed();
     const size_t threshold = std::max<size_t>(c->opt.zcopy_threshold, 1);
     for (const iovec& v : iov) {
@@ -1251,39 +1230,39 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
       size_t n = v.iov_len, off = 0, force_bcopy = 0;
       bool az_sync = false;  // AZ-SDP could not protect this piece: send it synchronously
       while (off < n) {
-        if (!c->error.ok()) return partial(c->error);
+        if (!c->failure.error.ok()) return partial(c->failure.error);
         const uint8_t* q = p + off;
         size_t rem = n - off;
         // A valid SinkAvail from the peer takes the next bytes.
-        if (c->sink_in.valid && !dontwait) {
+        if (c->source.peer_sink.valid && !dontwait) {
           // The whole SinkAvail (or all that is left to send) is written,
           // in writes of at most max_rma_size bytes (64 KiB where one-sided
           // operations are emulated), then reported by one RdmaWrCompl.
           const size_t max_rma = c->ep->fabric()->caps().max_rma_size;
-          const size_t k = std::min<size_t>(rem, c->sink_in.len);
+          const size_t k = std::min<size_t>(rem, c->source.peer_sink.len);
           std::shared_ptr<MemoryRegion> mr;
           if (c->ep->fabric()->caps().registration_required) {
             auto r = c->ep->fabric()->rcache().Get(const_cast<uint8_t*>(q), k, kLocalRead);
             if (!r.ok()) return partial(r.status());
             mr = *r;
           }
-          c->sink_in.writing = true;
+          c->source.peer_sink.writing = true;
           absl::Status st;
-          for (size_t done = 0; done < k && st.ok() && c->error.ok();) {
+          for (size_t done = 0; done < k && st.ok() && c->failure.error.ok();) {
             const size_t chunk = max_rma > 0 ? std::min(k - done, max_rma) : k - done;
-            c->write_status = absl::OkStatus();
-            st = c->ep->Write(q + done, chunk, mr.get(), c->sink_in.addr + done, c->sink_in.key,
+            c->source.write_status = absl::OkStatus();
+            st = c->ep->Write(q + done, chunk, mr.get(), c->source.peer_sink.addr + done, c->source.peer_sink.key,
                               MakeCtx(c->id, kCtxWrite, 0));
             if (st.ok()) {
-              c->writes_out++;
-              e->WaitLocked([&] { return c->writes_out == 0; }, absl::InfiniteFuture());
-              st = c->write_status;
+              c->source.writes_out++;
+              e->WaitLocked([&] { return c->source.writes_out == 0; }, absl::InfiniteFuture());
+              st = c->source.write_status;
             }
             done += chunk;
           }
-          c->sink_in.writing = false;
-          uint32_t sid = c->sink_in.id;
-          if (!c->error.ok()) return partial(c->error);
+          c->source.peer_sink.writing = false;
+          uint32_t sid = c->source.peer_sink.id;
+          if (!c->failure.error.ok()) return partial(c->failure.error);
           if (!st.ok()) {
             // The sink's registration went away (its memory was released or
             // the key refused): void the SinkAvail by sending these bytes as
@@ -1291,10 +1270,10 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             // left in the same place (docs/protocol.md, "SinkAvail").
             ZS_LOG(kInfo, "sdp: RDMA write into SinkAvail %u failed (%s); sending by bcopy", sid,
                    st.ToString().c_str());
-            bool cancel = c->sink_in.cancel_requested;
+            bool cancel = c->source.peer_sink.cancel_requested;
             c->stats.rdma_fallbacks++;
-            c->sink_in.valid = false;
-            size_t a = c->AppendData(q, std::min(rem, c->tx_size - wire::kHeaderSize));
+            c->source.peer_sink.valid = false;
+            size_t a = c->AppendData(q, std::min(rem, c->tx.size - wire::kHeaderSize));
             if (cancel) {
               c->QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{sid}});
             }
@@ -1305,11 +1284,11 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
           }
           c->QueueData(wire::Message{{MessageId::kRdmaWrCompl},
                                      wire::Completed{sid, static_cast<uint32_t>(k)}});
-          if (c->sink_in.cancel_requested) {
+          if (c->source.peer_sink.cancel_requested) {
             c->QueueData(wire::Message{{MessageId::kSinkCancelAck}, wire::AdvertRef{sid}});
           }
-          c->sink_in.valid = false;
-          c->tx_pos += k;
+          c->source.peer_sink.valid = false;
+          c->tx.pos += k;
           c->stats.bytes_sent_sinkavail += k;
           off += k;
           total += k;
@@ -1318,7 +1297,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
         }
         // AZ-SDP: protect the page-aligned middle, announce it, go on; the
         // unaligned head and tail go by bcopy (seed 003, 4.4.2).
-        if (force_bcopy == 0 && c->az && c->opt.mode == Mode::kAz && rem >= threshold &&
+        if (force_bcopy == 0 && c->az.enabled && c->opt.mode == Mode::kAz && rem >= threshold &&
             !az_sync) {
           const uintptr_t page = az::PageSize();
           const uintptr_t a = reinterpret_cast<uintptr_t>(q);
@@ -1331,7 +1310,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             } else if (c->AzOut() >= c->AzLimit()) {
               c->TryTransmit();
               if (dontwait) return partial(WouldBlock());
-              if (!e->WaitLocked([&] { return !c->error.ok() || c->AzOut() < c->AzLimit(); },
+              if (!e->WaitLocked([&] { return !c->failure.error.ok() || c->AzOut() < c->AzLimit(); },
                                  deadline)) {
                 return partial(TimedOut());
               }
@@ -1356,23 +1335,23 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
                 az_sync = true;
                 continue;
               }
-              ConnState::AzSrc as;
+              AzSrcAvail as;
               as.serial = serial;
               as.slot = 0;
-              while (c->az_slot_busy[as.slot]) as.slot++;
-              as.gen = c->az_src_gen[as.slot];
+              while (c->az.slot_busy[as.slot]) as.slot++;
+              as.gen = c->az.src_gen[as.slot];
               as.len = static_cast<uint32_t>(L);
               as.addr = first;
               as.stream_pos = c->TxCommitted();
               as.guard = *g;
               as.mr = *r;
-              c->az_slot_busy[as.slot] = 1;
+              c->az.slot_busy[as.slot] = 1;
               TxItem item;
               item.mid = MessageId::kSrcAvail;
               item.az_serial = serial;
               item.encoded = wire::EncodeToString(c->AzAdvert(as, wire::kFlagAzAsync));
-              c->az_src.push_back(std::move(as));
-              c->dataq.push_back(std::move(item));
+              c->az.src.push_back(std::move(as));
+              c->tx.dataq.push_back(std::move(item));
               c->stats.az_srcavail_sent++;
               c->stats.az_bytes += L;
               c->TryTransmit();
@@ -1398,41 +1377,41 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             a.stream_pos = c->TxCommitted();
             a.key = (*r)->remote_key();
             a.key_bytes = a.key.Serialize();
-            c->src = ConnState::Src{};
-            c->src.active = true;
-            c->src.len = static_cast<uint32_t>(L);
-            c->src.mr = *r;
+            c->source.advert = {};
+            c->source.advert.active = true;
+            c->source.advert.len = static_cast<uint32_t>(L);
+            c->source.advert.mr = *r;
             c->QueueData(wire::Message{{MessageId::kSrcAvail}, a});
             c->stats.srcavail_sent++;
             c->TryTransmit();
-            bool finished = e->WaitLocked([&] { return c->src.finished; }, deadline);
-            if (!finished && !c->src.posted) {
+            bool finished = e->WaitLocked([&] { return c->source.advert.finished; }, deadline);
+            if (!finished && !c->source.advert.posted) {
               // Never left: withdraw it.
-              for (auto it = c->dataq.begin(); it != c->dataq.end(); ++it) {
+              for (auto it = c->tx.dataq.begin(); it != c->tx.dataq.end(); ++it) {
                 if (it->mid == MessageId::kSrcAvail) {
-                  c->dataq.erase(it);
+                  c->tx.dataq.erase(it);
                   break;
                 }
               }
-              c->src = ConnState::Src{};
+              c->source.advert = {};
               return partial(TimedOut());
             }
             if (!finished) {
-              c->src.cancel_sent = true;
+              c->source.advert.cancel_sent = true;
               c->stats.srcavail_cancels++;
               c->QueueCtl(wire::Message{{MessageId::kSrcAvailCancel},
-                                        wire::AdvertRef{c->src.id}});
+                                        wire::AdvertRef{c->source.advert.id}});
               c->TryTransmit();
-              e->WaitLocked([&] { return c->src.finished; }, absl::InfiniteFuture());
+              e->WaitLocked([&] { return c->source.advert.finished; }, absl::InfiniteFuture());
             }
-            size_t got = c->src.done;
-            bool small = c->src.send_small;
-            bool cancelled = c->src.cancel_sent;
-            c->src = ConnState::Src{};
+            size_t got = c->source.advert.done;
+            bool small = c->source.advert.send_small;
+            bool cancelled = c->source.advert.cancel_sent;
+            c->source.advert = {};
             c->stats.bytes_sent_srcavail += got;
             off += got;
             total += got;
-            if (!c->error.ok()) return partial(c->error);
+            if (!c->failure.error.ok()) return partial(c->failure.error);
             if (cancelled && got < L) return partial(TimedOut());
             if (small) {
               c->stats.sendsmall++;
@@ -1459,7 +1438,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
             continue;
           }
           c->TryTransmit();
-          if (!e->WaitLocked([&] { return !c->error.ok() || c->PullRoom(rem, &pull_at) > 0; },
+          if (!e->WaitLocked([&] { return !c->failure.error.ok() || c->PullRoom(rem, &pull_at) > 0; },
                              deadline)) {
             return partial(TimedOut());
           }
@@ -1476,7 +1455,7 @@ absl::StatusOr<size_t> Connection::Send(std::span<const iovec> iov, int flags,
         }
         c->TryTransmit();
         if (dontwait) return partial(WouldBlock());
-        if (!e->WaitLocked([&] { return !c->error.ok() || c->CanAppend() || c->sink_in.valid; },
+        if (!e->WaitLocked([&] { return !c->failure.error.ok() || c->CanAppend() || c->source.peer_sink.valid; },
                            deadline)) {
           return partial(TimedOut());
         }
@@ -1519,14 +1498,14 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
       block_policy = c->opt.az_policy == AzPolicy::kBlock;
       e->ProgressLocked();
       const auto ready = [&] {
-        return !c->rxq.empty() || c->peer_shut_wr || !c->error.ok() || c->shut_rd;
+        return !c->rx.queue.empty() || c->shut.peer_wr || !c->failure.error.ok() || c->shut.rd;
       };
       e->WaitLocked([&] { return !send_protected() || ready(); },
                     (flags & MSG_DONTWAIT) ? kNoWait : deadline);
       receivable = ready();
       // With only an end of stream, a reset or SHUT_RD to report, nothing
       // will be written into the buffer (and no bytes can follow those).
-      has_bytes = !c->rxq.empty();
+      has_bytes = !c->rx.queue.empty();
     }
     e->RunCallbacks();
     if (send_protected() && (!receivable || has_bytes)) {
@@ -1556,16 +1535,16 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     CallScope in_call(c);
     // Bytes already queued came before anything the CQ holds: with some at
     // the head, copy them without polling (waits below still progress).
-    if (c->rxq.empty() || c->rxq.front().kind != RxSeg::kData) e->ProgressLocked();
+    if (c->rx.queue.empty() || c->rx.queue.front().kind != RxSeg::kData) e->ProgressLocked();
     bool dontwait = flags & MSG_DONTWAIT;
     bool peek = flags & MSG_PEEK;
     bool waitall = (flags & MSG_WAITALL) && !peek;
-    if (!e->WaitLocked([&] { return !c->recv_busy; }, dontwait ? kNoWait : deadline)) {
+    if (!e->WaitLocked([&] { return !c->calls.recv_busy; }, dontwait ? kNoWait : deadline)) {
       return dontwait ? WouldBlock() : TimedOut();
     }
-    c->recv_busy = true;
+    c->calls.recv_busy = true;
     absl::Cleanup done = [&] {
-      c->recv_busy = false;
+      c->calls.recv_busy = false;
       e->NoteReadinessLocked(c);
       e->NotifyLocked();
     };
@@ -1575,12 +1554,12 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
     Fabric* fabric = c->ep->fabric();
     const size_t max_rma = fabric->caps().max_rma_size ? fabric->caps().max_rma_size : kMaxAdvert;
     for (;;) {
-      if (c->local_abort) return c->error;
-      if (c->shut_rd) return copied;
+      if (c->failure.local_abort) return c->failure.error;
+      if (c->shut.rd) return copied;
       // 1. Copy what the stream holds.
       size_t peek_skip = 0;  // PEEK: bytes of the queue already copied
-      for (size_t si = 0; !cur.done() && si < c->rxq.size();) {
-        RxSeg& s = c->rxq[si];
+      for (size_t si = 0; !cur.done() && si < c->rx.queue.size();) {
+        RxSeg& s = c->rx.queue[si];
         size_t avail = s.len - s.off;
         size_t start = s.off;
         if (peek) {
@@ -1609,17 +1588,17 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           c->stats.bytes_recv_bcopy += k;
           if (s.off == s.len) {
             int b = s.buf;
-            c->rxq.pop_front();
+            c->rx.queue.pop_front();
             c->Repost(b);
           }
           continue;
         }
         // An earlier receive that returned early must land before the next
         // read (its RdmaRdCompl goes first).
-        if (c->az_rx.active) {
-          e->WaitLocked([&] { return !c->az_rx.active || !c->error.ok(); },
+        if (c->az.rx.active) {
+          e->WaitLocked([&] { return !c->az.rx.active || !c->failure.error.ok(); },
                         absl::InfiniteFuture());
-          if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+          if (!c->failure.error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
           si = 0;
           peek_skip = 0;
           if (peek) break;
@@ -1636,14 +1615,14 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           } else if (expect == AzWord(s.gen, kAzSourceMoved)) {
             const uint32_t advert = s.advert;
             auto moved = [&] {
-              for (const RxSeg& x : c->rxq) {
+              for (const RxSeg& x : c->rx.queue) {
                 if (x.kind == RxSeg::kSrcAvail && x.advert == advert) return x.moved;
               }
               return true;
             };
-            e->WaitLocked([&] { return !c->error.ok() || c->shut_rd || moved(); },
+            e->WaitLocked([&] { return !c->failure.error.ok() || c->shut.rd || moved(); },
                           absl::InfiniteFuture());
-            if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+            if (!c->failure.error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
             si = 0;
             peek_skip = 0;
             if (peek) break;  // start the peek over
@@ -1654,7 +1633,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
             h.mseq = s.advert;
             c->ProtocolError(Violation(h, absl::StrCat("lock word ", s.slot, " holds ", expect,
                                                        ", not generation ", s.gen)));
-            return copied ? absl::StatusOr<size_t>(copied) : c->error;
+            return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
           }
         }
         // AZ-SDP receive side: whole pages of a large, page-aligned buffer
@@ -1668,9 +1647,9 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
               k >= std::max<size_t>(c->opt.zcopy_threshold, 16 * page) &&
               c->AzRecvEarly(s, d, k)) {
             s.off += k;
-            c->rx_pos += k;
+            c->rx.pos += k;
             c->stats.bytes_recv_srcavail += k;
-            if (s.off == s.len) c->rxq.erase(c->rxq.begin() + static_cast<std::ptrdiff_t>(si));
+            if (s.off == s.len) c->rx.queue.erase(c->rx.queue.begin() + static_cast<std::ptrdiff_t>(si));
             cur.Advance(k);
             copied += k;
             break;
@@ -1689,32 +1668,32 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           }
         }
         uint32_t advert = s.advert;
-        if (st.ok() && c->ep_closed) st = c->error;
+        if (st.ok() && c->failure.ep_closed) st = c->failure.error;
         if (st.ok()) {
           s.reading = true;
-          c->read_status = absl::OkStatus();
+          c->sink.read_status = absl::OkStatus();
           st = c->ep->Read(cur.ptr(), k, mr.get(), s.addr + start, s.key,
                            MakeCtx(c->id, kCtxRead, 0));
           if (st.ok()) {
-            c->reads_out++;
+            c->sink.reads_out++;
             // The buffer is in use until the read completes: no deadline.
-            e->WaitLocked([&] { return c->reads_out == 0; }, absl::InfiniteFuture());
-            st = c->read_status;
+            e->WaitLocked([&] { return c->sink.reads_out == 0; }, absl::InfiniteFuture());
+            st = c->sink.read_status;
           }
         }
         // The deque may have grown; find the segment again (it is the
         // first SrcAvail: only one is outstanding).
         RxSeg* sp = nullptr;
         size_t idx = 0;
-        for (; idx < c->rxq.size(); ++idx) {
-          if (c->rxq[idx].kind == RxSeg::kSrcAvail && c->rxq[idx].advert == advert) {
-            sp = &c->rxq[idx];
+        for (; idx < c->rx.queue.size(); ++idx) {
+          if (c->rx.queue[idx].kind == RxSeg::kSrcAvail && c->rx.queue[idx].advert == advert) {
+            sp = &c->rx.queue[idx];
             break;
           }
         }
-        if (sp == nullptr) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+        if (sp == nullptr) return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
         sp->reading = false;
-        if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+        if (!c->failure.error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
         if (!st.ok() && (sp->slot != wire::kNoSlot || sp->pulled)) {
           // An asynchronous advert cannot be resent by copy in stream order.
           // (A dead peer is the usual cause; a live one released the memory.)
@@ -1723,7 +1702,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
               "RDMA read of ", sp->pulled ? "pulled" : "asynchronous", " SrcAvail ", advert,
               sp->pulled ? " failed: " : " failed (an azcopy sender must not unmap a buffer it sent): ",
               st.message())));
-          return copied ? absl::StatusOr<size_t>(copied) : c->error;
+          return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
         }
         if (!st.ok()) {
           // The source sends the rest by BCopy (RdmaRdCompl + SendSmall).
@@ -1732,7 +1711,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           c->stats.rdma_fallbacks++;
           uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : wire::kFlagSendSmall;
           c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl}, wire::Completed{advert, 0}});
-          c->rxq.erase(c->rxq.begin() + idx);
+          c->rx.queue.erase(c->rx.queue.begin() + idx);
           c->TryTransmit();
           break;
         }
@@ -1742,7 +1721,7 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           if (sp->cancel_requested) {
             c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, wire::kFlagCancelReply},
                                       wire::Completed{advert, 0}});
-            c->rxq.erase(c->rxq.begin() + idx);
+            c->rx.queue.erase(c->rx.queue.begin() + idx);
             c->TryTransmit();
             break;
           }
@@ -1750,13 +1729,13 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
           continue;
         }
         sp->off += k;
-        c->rx_pos += k;
+        c->rx.pos += k;
         (sp->pulled ? c->stats.bytes_recv_pull : c->stats.bytes_recv_srcavail) += k;
         if (sp->off == sp->len) c->AzSinkDone(*sp);  // before the completion leaves
         uint8_t fl = sp->cancel_requested ? wire::kFlagCancelReply : 0;
         c->QueueCtl(wire::Message{{MessageId::kRdmaRdCompl, fl},
                                   wire::Completed{advert, static_cast<uint32_t>(k)}});
-        if (sp->off == sp->len || sp->cancel_requested) c->rxq.erase(c->rxq.begin() + idx);
+        if (sp->off == sp->len || sp->cancel_requested) c->rx.queue.erase(c->rx.queue.begin() + idx);
         c->TryTransmit();
         si = 0;
       }
@@ -1764,8 +1743,8 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
       if (cur.done() || (copied > 0 && !waitall)) break;
       // End of stream: the peer's DisconnReq came after all its data (even
       // if the connection failed afterwards, unless it was reset).
-      if (c->peer_shut_wr && c->rxq.empty() && !c->peer_aborted) break;
-      if (!c->error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->error;
+      if (c->shut.peer_wr && c->rx.queue.empty() && !c->failure.peer_aborted) break;
+      if (!c->failure.error.ok()) return copied ? absl::StatusOr<size_t>(copied) : c->failure.error;
       if (peek && copied > 0) break;
       // This thread is about to wait for the peer (or to tell an event loop
       // to): it sends nothing more meanwhile, so a tail autocork holds goes
@@ -1776,35 +1755,35 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
         return WouldBlock();
       }
       // 2. Nothing queued: announce the buffer (SinkAvail) if it is large.
-      if (!peek && c->rxq.empty() && c->opt.mode == Mode::kZcopy &&
+      if (!peek && c->rx.queue.empty() && c->opt.mode == Mode::kZcopy &&
           (c->peer.caps & wire::kCapRdmaWrite) && cur.space() >= c->opt.zcopy_threshold &&
-          !c->sink.active && !c->shut_rd) {
+          !c->sink.advert.active && !c->shut.rd) {
         size_t L = std::min(cur.space(), kMaxAdvert);
         auto r = fabric->rcache().Get(cur.ptr(), L, kRemoteWrite | kLocalWrite);
         if (r.ok()) {
           wire::Advert a;
           a.addr = reinterpret_cast<uint64_t>(cur.ptr());
           a.length = static_cast<uint32_t>(L);
-          a.stream_pos = c->rx_pos;
+          a.stream_pos = c->rx.pos;
           a.key = (*r)->remote_key();
           a.key_bytes = a.key.Serialize();
-          c->sink = ConnState::Sink{};
-          c->sink.active = true;
-          c->sink.len = static_cast<uint32_t>(L);
-          c->sink.mr = *r;
+          c->sink.advert = {};
+          c->sink.advert.active = true;
+          c->sink.advert.len = static_cast<uint32_t>(L);
+          c->sink.advert.mr = *r;
           c->QueueCtl(wire::Message{{MessageId::kSinkAvail}, a});
           c->stats.sinkavail_sent++;
           c->TryTransmit();
           bool resolved = e->WaitLocked(
-              [&] { return c->sink.resolved || !c->error.ok() || c->shut_rd; }, deadline);
-          if (!resolved && !c->sink.posted) {
-            for (auto it = c->ctlq.begin(); it != c->ctlq.end(); ++it) {
+              [&] { return c->sink.advert.resolved || !c->failure.error.ok() || c->shut.rd; }, deadline);
+          if (!resolved && !c->sink.advert.posted) {
+            for (auto it = c->tx.ctlq.begin(); it != c->tx.ctlq.end(); ++it) {
               if (it->mid == MessageId::kSinkAvail) {
-                c->ctlq.erase(it);
+                c->tx.ctlq.erase(it);
                 break;
               }
             }
-            c->sink = ConnState::Sink{};
+            c->sink.advert = {};
             c->stats.sinkavail_sent--;
             return copied ? absl::StatusOr<size_t>(copied) : TimedOut();
           }
@@ -1812,34 +1791,34 @@ absl::StatusOr<size_t> Connection::Recv(std::span<const iovec> iov, int flags,
             // Deadline or SHUT_RD: cancel, then wait for the source's answer
             // (its write, a void by data, or the ack) before giving the
             // buffer back.
-            c->sink.cancel_sent = true;
-            c->sink_acks_due.push_back(c->sink.id);
+            c->sink.advert.cancel_sent = true;
+            c->sink.acks_due.push_back(c->sink.advert.id);
             c->stats.sinkavail_cancels++;
             c->QueueCtl(wire::Message{{MessageId::kSinkAvailCancel},
-                                      wire::AdvertRef{c->sink.id}});
+                                      wire::AdvertRef{c->sink.advert.id}});
             c->TryTransmit();
-            e->WaitLocked([&] { return c->sink.resolved || !c->error.ok(); },
+            e->WaitLocked([&] { return c->sink.advert.resolved || !c->failure.error.ok(); },
                           absl::InfiniteFuture());
           }
           // Bytes the source reported written are in the buffer even if the
           // connection failed afterwards (e.g. the peer closed right after
           // its RdmaWrCompl and DisconnReq): deliver them, as bcopy data
           // already received is delivered.
-          size_t w = c->sink.written;
-          c->sink = ConnState::Sink{};
+          size_t w = c->sink.advert.written;
+          c->sink.advert = {};
           if (w > 0) {
             c->stats.bytes_recv_sinkavail += w;
             cur.Advance(w);
             copied += w;
           }
-          if (!resolved && w == 0 && c->error.ok() && c->rxq.empty()) {
+          if (!resolved && w == 0 && c->failure.error.ok() && c->rx.queue.empty()) {
             return copied ? absl::StatusOr<size_t>(copied) : TimedOut();
           }
           continue;
         }
       }
       if (!e->WaitLocked([&] {
-            return !c->rxq.empty() || c->peer_shut_wr || !c->error.ok() || c->shut_rd;
+            return !c->rx.queue.empty() || c->shut.peer_wr || !c->failure.error.ok() || c->shut.rd;
           }, deadline)) {
         if (copied > 0) break;
         return TimedOut();
@@ -1869,10 +1848,10 @@ absl::Status Connection::Shutdown(int how) {
 
 void Connection::ShutdownLocked(ConnState* c, int how) {
   if (how == SHUT_RD || how == SHUT_RDWR) {
-    c->shut_rd = true;
+    c->shut.rd = true;
     c->DropReceived();
   }
-  if ((how == SHUT_WR || how == SHUT_RDWR) && c->error.ok()) c->QueueShutdownWr();
+  if ((how == SHUT_WR || how == SHUT_RDWR) && c->failure.error.ok()) c->QueueShutdownWr();
   engine_->NoteReadinessLocked(c);
   engine_->NotifyLocked();
 }
@@ -1883,12 +1862,12 @@ void Connection::Abort() {
     MutexLock lock(&engine_->mu_);
     if (state_ == nullptr) return;
     ConnState* c = state_;
-    if (c->error.ok()) {
+    if (c->failure.error.ok()) {
       c->PostAbort(0);
-      c->local_abort = true;
+      c->failure.local_abort = true;
       c->Fail(MakeError(absl::StatusCode::kAborted, ECONNABORTED, "the connection was aborted",
                         "open a new connection"));
-      engine_->WaitLocked([&] { return c->tx_inflight == 0; },
+      engine_->WaitLocked([&] { return c->tx.inflight == 0; },
                           absl::Now() + absl::Seconds(1));
       c->CloseEndpoint();
     }
@@ -1904,37 +1883,37 @@ absl::Status Connection::Close() {
     MutexLock lock(&engine_->mu_);
     if (state_ == nullptr) return absl::OkStatus();
     ConnState* c = state_;
-    if (c->closing) {  // another thread is closing it: done when that is
+    if (c->calls.closing) {  // another thread is closing it: done when that is
       engine_->WaitLocked([&] { return state_ == nullptr; }, absl::InfiniteFuture());
       return absl::OkStatus();
     }
-    c->closing = true;
-    if (c->calls > 0) {
+    c->calls.closing = true;
+    if (c->calls.active > 0) {
       // Other threads are in Send or Recv on this connection (a socket
       // closed under them): wake them as shutdown(SHUT_RDWR) does and let
       // them leave before the state goes. One still inside after the
       // linger time (a send the peer never makes room for) is failed out.
       ShutdownLocked(c, SHUT_RDWR);
-      if (!engine_->WaitLocked([&] { return c->calls == 0; }, absl::Now() + c->opt.linger)) {
+      if (!engine_->WaitLocked([&] { return c->calls.active == 0; }, absl::Now() + c->opt.linger)) {
         c->PostAbort(0);  // best effort, as Abort: the peer may have no room for it
         c->Fail(MakeError(absl::StatusCode::kAborted, EBADF,
                           "the socket was closed while this call waited on it",
                           "close a socket only after the calls on it have returned"));
         engine_->NotifyLocked();
-        engine_->WaitLocked([&] { return c->calls == 0; }, absl::InfiniteFuture());
+        engine_->WaitLocked([&] { return c->calls.active == 0; }, absl::InfiniteFuture());
       }
     }
-    if (c->error.ok() && c->phase == ConnState::Phase::kOpen) {
+    if (c->failure.error.ok() && c->phase == ConnState::Phase::kOpen) {
       c->QueueShutdownWr();
       bool flushed = engine_->WaitLocked(
           [&] {
             // Everything left and the peer acknowledged our DisconnReq (a
             // provider may drop messages still in flight when the endpoint
             // closes).
-            return !c->error.ok() ||
-                   (c->dataq.empty() && c->ctlq.empty() && c->tx_inflight == 0 &&
-                    c->az_src.empty() &&
-                    c->shut_mseq != 0 && static_cast<int32_t>(c->peer_ack - c->shut_mseq) >= 0);
+            return !c->failure.error.ok() ||
+                   (c->tx.dataq.empty() && c->tx.ctlq.empty() && c->tx.inflight == 0 &&
+                    c->az.src.empty() &&
+                    c->shut.wr_mseq != 0 && static_cast<int32_t>(c->credit.peer_ack - c->shut.wr_mseq) >= 0);
           },
           absl::Now() + c->opt.linger);
       if (!flushed) {
@@ -1946,8 +1925,8 @@ absl::Status Connection::Close() {
     // Operations on user buffers must be over before they are released.
     engine_->WaitLocked(
         [&] {
-          return c->reads_out == 0 && c->writes_out == 0 && c->atomics_out == 0 &&
-                 !c->az_rx.active;
+          return c->sink.reads_out == 0 && c->source.writes_out == 0 && c->az.atomics_out == 0 &&
+                 !c->az.rx.active;
         },
         absl::Now() + absl::Seconds(5));
     c->AzRxAbandon();
@@ -1974,10 +1953,10 @@ void Connection::SetReadinessCallback(std::function<void(uint32_t)> cb) {
   {
     MutexLock lock(&engine_->mu_);
     if (state_ == nullptr) return;
-    state_->callback =
+    state_->readiness.callback =
         cb ? std::make_shared<std::function<void(uint32_t)>>(std::move(cb)) : nullptr;
-    state_->last_readiness = ~0u;  // fire once with the current state
-    state_->watch = std::make_shared<std::atomic<uint32_t>>(~0u);
+    state_->readiness.last = ~0u;  // fire once with the current state
+    state_->readiness.watch = std::make_shared<std::atomic<uint32_t>>(~0u);
     engine_->NoteReadinessLocked(state_);
   }
   engine_->RunCallbacks(/*sync=*/true);
@@ -1987,7 +1966,7 @@ std::shared_ptr<std::atomic<uint32_t>> Connection::readiness_watch() const {
   if (StateUnlocked() == nullptr) return nullptr;
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return nullptr;
-  return state_->watch;
+  return state_->readiness.watch;
 }
 
 ConnectionStats Connection::stats() const {
@@ -1995,7 +1974,7 @@ ConnectionStats Connection::stats() const {
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return {};
   ConnectionStats s = state_->stats;
-  s.queued_bytes = state_->queued_data_bytes;
+  s.queued_bytes = state_->bcopy.queued_bytes;
   s.held_bytes = state_->HeldBytes();
   return s;
 }
@@ -2004,21 +1983,21 @@ bool Connection::az_negotiated() const {
   if (StateUnlocked() == nullptr) return false;
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return false;
-  return state_->az;
+  return state_->az.enabled;
 }
 
 bool Connection::pull_negotiated() const {
   if (StateUnlocked() == nullptr) return false;
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return false;
-  return state_->peer_pull > 0 && state_->opt.pull_threshold > 0;
+  return state_->pull.peer_count > 0 && state_->opt.pull_threshold > 0;
 }
 
 absl::Status Connection::SetMode(Mode mode) {
   if (StateUnlocked() == nullptr) return Closed();
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return Closed();
-  if (mode == Mode::kAz && state_->phase == ConnState::Phase::kOpen && !state_->az) {
+  if (mode == Mode::kAz && state_->phase == ConnState::Phase::kOpen && !state_->az.enabled) {
     return MakeError(absl::StatusCode::kFailedPrecondition, EOPNOTSUPP,
                      "AZ-SDP was not negotiated on this connection",
                      "set mode azcopy (ZSOCK_MODE=azcopy) on both sides before connecting; "
@@ -2086,7 +2065,7 @@ absl::Status Connection::error() const {
   if (StateUnlocked() == nullptr) return Closed();
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return Closed();
-  return state_->error;
+  return state_->failure.error;
 }
 
 absl::Status Connection::TestInjectRaw(std::string bytes) {
@@ -2094,7 +2073,7 @@ absl::Status Connection::TestInjectRaw(std::string bytes) {
   MutexLock lock(&engine_->mu_);
   if (state_ == nullptr) return Closed();
   ConnState* c = state_;
-  if (bytes.size() > c->tx_size || bytes.size() < wire::kHeaderSize) {
+  if (bytes.size() > c->tx.size || bytes.size() < wire::kHeaderSize) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL, "raw message size",
                      "give 16 bytes .. the peer's buffer size");
   }
@@ -2102,24 +2081,24 @@ absl::Status Connection::TestInjectRaw(std::string bytes) {
   // the caller set them (non-zero), so only the field under test is wrong.
   TxItem item;
   item.mid = static_cast<MessageId>(static_cast<uint8_t>(bytes[0]));
-  if (!c->error.ok()) return c->error;
-  if (c->tx_free.empty() || c->Credits() < 1) return WouldBlock();
-  int slot = c->tx_free.back();
-  c->tx_free.pop_back();
+  if (!c->failure.error.ok()) return c->failure.error;
+  if (c->tx.free.empty() || c->Credits() < 1) return WouldBlock();
+  int slot = c->tx.free.back();
+  c->tx.free.pop_back();
   uint8_t* p = c->SlotPtr(slot);
   std::memcpy(p, bytes.data(), bytes.size());
   uint32_t mseq, ack;
   std::memcpy(&mseq, p + 8, 4);
   std::memcpy(&ack, p + 12, 4);
-  ++c->tx_mseq;
-  if (mseq == 0) std::memcpy(p + 8, &c->tx_mseq, 4);
-  if (ack == 0) std::memcpy(p + 12, &c->rx_mseq, 4);
-  auto st = c->ep->Send(p, bytes.size(), c->tx.mr.get(), MakeCtx(c->id, kCtxTx, slot));
+  ++c->credit.tx_mseq;
+  if (mseq == 0) std::memcpy(p + 8, &c->credit.tx_mseq, 4);
+  if (ack == 0) std::memcpy(p + 12, &c->credit.rx_mseq, 4);
+  auto st = c->ep->Send(p, bytes.size(), c->tx.region.mr.get(), MakeCtx(c->id, kCtxTx, slot));
   if (!st.ok()) {
-    c->tx_free.push_back(slot);
+    c->tx.free.push_back(slot);
     return st;
   }
-  c->tx_inflight++;
+  c->tx.inflight++;
   return absl::OkStatus();
 }
 
@@ -2128,7 +2107,7 @@ void Connection::TestReleaseHeld() {
   {
     MutexLock lock(&engine_->mu_);
     if (state_ == nullptr) return;
-    state_->held = false;
+    state_->tx.held = false;
     state_->opt.test_hold = nullptr;
     state_->TryTransmit();
     engine_->NotifyLocked();

@@ -292,13 +292,13 @@ bool Engine::ProgressLocked() {
 
 void Engine::NoteReadinessLocked(ConnState* c) {
   const uint32_t r = c->ReadinessNow();
-  const uint32_t last = c->last_readiness;
+  const uint32_t last = c->readiness.last;
   if (r == last) return;
-  c->last_readiness = r;
+  c->readiness.last = r;
   // seq_cst: a watch widened before the widener reads readiness() (under
   // mu_) is seen here, or that read sees this change.
-  if (c->callback && ((r ^ last) & c->watch->load(std::memory_order_seq_cst)) != 0) {
-    callbacks_.push_back({c->callback, r});
+  if (c->readiness.callback && ((r ^ last) & c->readiness.watch->load(std::memory_order_seq_cst)) != 0) {
+    callbacks_.push_back({c->readiness.callback, r});
     callbacks_pending_.store(true, std::memory_order_relaxed);
   }
 }
@@ -325,7 +325,7 @@ void Engine::RemoveLocked(uint64_t id) {
   if (it == conns_.end()) return;
   it->second->AzRxAbandon();
   it->second->AzReleaseAll();
-  if (it->second->az_table_index >= 0) ReleaseLockTable(it->second->az_table_index);
+  if (it->second->az.table_index >= 0) ReleaseLockTable(it->second->az.table_index);
   conns_.erase(it);
 }
 
@@ -470,14 +470,14 @@ absl::StatusOr<std::unique_ptr<Connection>> Engine::Start(std::unique_ptr<Endpoi
     conns_[c->id] = std::move(state);
     absl::Status st = c->Init();
     if (st.ok()) {
-      WaitLocked([&] { return c->phase == ConnState::Phase::kOpen || !c->error.ok(); },
+      WaitLocked([&] { return c->phase == ConnState::Phase::kOpen || !c->failure.error.ok(); },
                  deadline);
       // A connection that opened and failed right after (the peer sent its
       // data and closed before this thread woke) is returned like TCP's:
       // its data and end of stream, or its error, come with the next calls.
       if (c->phase != ConnState::Phase::kOpen) {
-        st = !c->error.ok()
-                 ? c->error
+        st = !c->failure.error.ok()
+                 ? c->failure.error
                  : MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
                              absl::StrCat("SDP handshake with ", c->peer_address,
                                           " did not finish in time"),
