@@ -1,15 +1,14 @@
-// AZ-SDP (docs/azsdp.md, seed 003 section 4): the connection's side of
-// asynchronous zero-copy. Send protects the page-aligned middle of a large
-// buffer (az_guard.h), announces it in a SrcAvail flagged AzAsync with a lock
-// word in the receiver's table, and returns; the receiver locks the word
-// before it pulls; a write to the buffer ends in Engine::OnFault, which
-// copies the data aside if it wins the lock word by remote compare-and-swap
-// (AzUpdate points the receiver at the copy) or waits for the pull.
-// Everything here runs with the engine mutex held.
+// AZ-SDP, set-up and the source side (docs/azsdp.md; "Asynchronous
+// Zero-copy Communication for Synchronous Sockets in the Sockets Direct
+// Protocol (SDP) over InfiniBand", section 4). Send protects the
+// page-aligned middle of a large buffer (az_guard.h), announces it in a
+// SrcAvail flagged AzAsync with a lock word in the receiver's table, and
+// returns; the receiver locks the word before it pulls (az_sink.cc); a
+// write to the buffer ends in Engine::OnFault, which copies the data aside
+// if it wins the lock word by remote compare-and-swap (AzUpdate points the
+// receiver at the copy) or waits for the pull. Pulled bcopy adverts
+// (pull.cc) share the list of adverts in flight and its RdmaRdCompl.
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,8 +17,9 @@
 #include "absl/time/clock.h"
 #include "core/copy.h"
 #include "core/log.h"
-#include "core/memhooks.h"
+#include "core/rcache.h"
 #include "core/sdp/az_guard.h"
+#include "core/sdp/calls.h"
 #include "core/sdp/conn_state.h"
 #include "core/sdp/engine.h"
 #include "core/status.h"
@@ -190,120 +190,101 @@ bool ConnState::AzMove(AzSrcAvail& s) {
   return true;
 }
 
-void ConnState::AzSinkDone(RxSeg& s) {
-  if (s.slot == wire::kNoSlot || !az.table) return;
-  AzSinkDone(s.slot, s.gen);
-  s.slot = wire::kNoSlot;
-}
-
-void ConnState::AzSinkDone(uint32_t slot, uint64_t gen) {
-  __atomic_store_n(LockWord(slot), AzWord(gen + 1, kAzFree), __ATOMIC_SEQ_CST);
-  az.sink_gen[slot] = gen + 1;
-}
-
-// Receive side (seed 003 section 4.2): the pages at `dest` become
-// inaccessible and the call returns; the RDMA read lands in a fresh mapping
-// that then replaces them (mremap: no copy), and any access meanwhile waits
-// in the guard. The providers move data with the CPU, which could not write
-// into pages the application may not touch: hence the separate mapping.
-bool ConnState::AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len) {
-  void* temp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (temp == MAP_FAILED) return false;
-  std::unique_ptr<MemoryRegion> mr;
-  if (ep->fabric()->caps().registration_required) {
-    auto r = ep->fabric()->RegisterMemory(temp, len, kLocalWrite | kLocalRead);
-    if (!r.ok()) {
-      ::munmap(temp, len);
-      return false;
-    }
-    mr = std::move(*r);
-  }
-  const uint32_t serial = kAzRecvSerial | (++az.rx_serial & ~kAzRecvSerial);
-  auto g = az::Guard::Get().ProtectNone(reinterpret_cast<uintptr_t>(dest), len,
-                                        engine->fault_client(), (id << 32) | serial);
-  if (!g.ok()) {
-    ZS_LOG(kDebug, "sdp: AZ-SDP receives synchronously: %s", g.status().ToString().c_str());
-    mr.reset();
-    ::munmap(temp, len);
+bool ConnState::OnAzRdmaRdCompl(const wire::Header& h, const wire::Completed& c,
+                                size_t index) {
+  AzSrcAvail& s = az.src[index];
+  if (c.bytes > s.len - s.done || (h.flags & wire::kFlagCancelReply)) {
+    ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes of asynchronous "
+                                            "SrcAvail ", c.advert, " (", s.len - s.done,
+                                            " remain) or answers a cancel never sent")));
     return false;
   }
-  engine->az_used_.store(true, std::memory_order_relaxed);
-  const size_t max_rma = ep->fabric()->caps().max_rma_size;
-  const size_t chunk = max_rma > 0 ? std::min(max_rma, len) : len;
-  int posted = 0;
-  absl::Status st;
-  for (size_t off = 0; off < len && st.ok(); off += chunk) {
-    st = ep->Read(static_cast<uint8_t*>(temp) + off, std::min(chunk, len - off), mr.get(),
-                  s.addr + s.off + off, s.key, MakeCtx(id, kCtxAzRead, 0));
-    if (st.ok()) posted++;
-  }
-  if (posted == 0) {
-    az::Guard::Get().Release(*g);
-    mr.reset();
-    ::munmap(temp, len);
-    return false;
-  }
-  az.rx.pending = posted;
-  az.rx.status = st;  // a piece that could not start fails the landing
-  az.rx.active = true;
-  az.rx.serial = serial;
-  az.rx.advert = s.advert;
-  az.rx.bytes = static_cast<uint32_t>(len);
-  az.rx.seg_done = s.off + len == s.len;
-  az.rx.slot = s.slot;
-  az.rx.gen = s.gen;
-  az.rx.dest = reinterpret_cast<uintptr_t>(dest);
-  az.rx.len = len;
-  az.rx.temp = temp;
-  az.rx.mr = std::move(mr);
-  az.rx.guard = *g;
-  if (az.rx.seg_done) s.slot = wire::kNoSlot;  // the lock word resets on landing
-  stats.az_recv_early++;
+  // SendSmall on an asynchronous or pulled advert: the sink discarded it
+  // (SHUT_RD).
+  uint32_t k = (h.flags & wire::kFlagSendSmall) ? s.len - s.done : c.bytes;
+  s.done += k;
+  tx.pos += k;
+  (s.pull ? stats.bytes_sent_pull : stats.bytes_sent_srcavail) += k;
+  if (s.done == s.len) AzFinish(index);
   return true;
 }
 
-void ConnState::AzRxLanded(absl::Status st) {
-  if (!az.rx.active) return;
-  if (!st.ok() && az.rx.status.ok()) az.rx.status = st;
-  if (--az.rx.pending > 0) return;
-  st = az.rx.status;
-  az.rx.mr.reset();
-  if (st.ok()) {
-    // syscall, not mremap(): the interposer's release gate would wait for
-    // the very range this releases.
-    void* r = reinterpret_cast<void*>(syscall(SYS_mremap, az.rx.temp, az.rx.len, az.rx.len,
-                                              MREMAP_MAYMOVE | MREMAP_FIXED, az.rx.dest));
-    if (r == MAP_FAILED) {
-      st = ErrnoError(errno, "AZ-SDP: mremap of a landed receive failed", "report a bug");
-    }
+// ---------------------------------------------------------------- Send step
+
+Step ConnState::SendAsync(SendCall& call) {
+  // The page-aligned middle goes asynchronously; the unaligned head and
+  // tail go by bcopy (the AZ-SDP paper, section 4.4.2).
+  const size_t rem = call.rem();
+  const uintptr_t page = az::PageSize();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(call.q());
+  const uintptr_t first = (a + page - 1) / page * page;
+  const uintptr_t last = (a + std::min(rem, kMaxAdvert)) / page * page;
+  if (last <= first || last - first < std::min<size_t>(call.threshold, 4 * page)) {
+    call.force_bcopy = rem;  // no whole page: all by bcopy
+    stats.az_hybrid_bcopy += rem;
+    return Step::kPass;
   }
-  if (!st.ok()) ::munmap(az.rx.temp, az.rx.len);
-  az::Guard::Get().Release(az.rx.guard);
-  // Registrations of the replaced pages are stale.
-  NotifyMemoryReleased(reinterpret_cast<void*>(az.rx.dest), az.rx.len);
-  AzEarlyRecv done = std::move(az.rx);
-  az.rx = AzEarlyRecv{};
-  if (st.ok()) {
-    if (done.seg_done) AzSinkDone(done.slot, done.gen);
-    QueueCtl(wire::Message{{MessageId::kRdmaRdCompl}, wire::Completed{done.advert, done.bytes}});
+  if (first > a) {
+    call.force_bcopy = first - a;
+    stats.az_hybrid_bcopy += first - a;
+    return Step::kPass;
+  }
+  if (AzOut() >= AzLimit()) {
     TryTransmit();
-  } else if (failure.error.ok()) {
-    // The application was told these bytes arrived: the connection cannot
-    // go on (its buffer keeps what it held before the call).
-    PostAbort(ECONNRESET);
-    Fail(MakeError(absl::StatusCode::kAborted, ECONNRESET,
-                   absl::StrCat("AZ-SDP: the read of a receive that returned early failed: ",
-                                st.message()),
-                   "the last receive's bytes did not arrive; reconnect"));
+    if (call.dontwait) return call.End(WouldBlock());
+    if (!engine->WaitLocked([&] { return !failure.error.ok() || AzOut() < AzLimit(); },
+                            call.deadline)) {
+      return call.End(TimedOut());
+    }
+    return Step::kNext;
   }
-  engine->NotifyLocked();
+  return QueueAsync(call, last - first);
 }
 
-void ConnState::AzRxAbandon() {
-  if (!az.rx.active) return;
-  az.rx.pending = 1;
-  AzRxLanded(failure.error.ok() ? absl::CancelledError("connection closed") : failure.error);
+Step ConnState::QueueAsync(SendCall& call, size_t len) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(call.q());
+  auto r = ep->fabric()->rcache().Get(const_cast<uint8_t*>(call.q()), len,
+                                      kRemoteRead | kLocalRead);
+  const uint32_t serial = NextAzSerial();
+  absl::StatusOr<int> g = -1;
+  if (r.ok()) {
+    engine->az_used_.store(true, std::memory_order_relaxed);
+    g = az::Guard::Get().Protect(addr, len, engine->fault_client(), (id << 32) | serial);
+  } else {
+    g = r.status();
+  }
+  if (!g.ok()) {
+    ZS_LOG(kDebug, "sdp: AZ-SDP cannot protect the buffer (%s); sending it by zcopy",
+           g.status().ToString().c_str());
+    stats.az_unprotectable++;
+    call.az_sync = true;
+    return Step::kNext;
+  }
+  AzSrcAvail as;
+  as.serial = serial;
+  as.slot = 0;
+  while (az.slot_busy[as.slot]) as.slot++;
+  as.gen = az.src_gen[as.slot];
+  as.len = static_cast<uint32_t>(len);
+  as.addr = addr;
+  as.stream_pos = TxCommitted();
+  as.guard = *g;
+  as.mr = *r;
+  az.slot_busy[as.slot] = 1;
+  TxItem item;
+  item.mid = MessageId::kSrcAvail;
+  item.az_serial = serial;
+  item.encoded = wire::EncodeToString(AzAdvert(as, wire::kFlagAzAsync));
+  az.src.push_back(std::move(as));
+  tx.dataq.push_back(std::move(item));
+  stats.az_srcavail_sent++;
+  stats.az_bytes += len;
+  TryTransmit();
+  call.Took(len);
+  return Step::kNext;
 }
+
+// ---------------------------------------------------------------- faults
 
 ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
   AzSrcAvail* s = FindAz(serial);

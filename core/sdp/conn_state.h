@@ -347,12 +347,27 @@ enum class Step {
   kEnd,   // the call returns (the call's `end` says what)
 };
 
+// How a step on one segment of the receive queue ended (recv.cc): as
+// Step, and where the copy goes on.
+enum class SegStep {
+  kPass,     // not taken: the next way of reading the segment applies
+  kNextSeg,  // go on with the next segment
+  kSameSeg,  // go on with this segment
+  kRestart,  // the queue changed: start over from its head (a peek ends)
+  kStop,     // stop copying for now
+  kEnd,      // the call returns (RecvCall::Result)
+};
+
 // Bytes in `iov`.
 inline size_t IovBytes(std::span<const iovec> iov) {
   size_t n = 0;
   for (const iovec& v : iov) n += v.iov_len;
   return n;
 }
+
+// Removes the first message `mid` from `q` (an advert that never left;
+// transmit.cc).
+void Withdraw(std::deque<TxItem>& q, wire::MessageId mid);
 
 // Errors (control.cc).
 // A protocol violation by the peer, naming the message.
@@ -422,12 +437,26 @@ struct ConnState {
   }
 
   // ---- Transmit path (transmit.cc) ----
+  // Posts what the queues hold as far as credits and slots allow.
   void TryTransmit();
   void QueueCtl(const wire::Message& m);
   void QueueData(const wire::Message& m);
   uint8_t* SlotPtr(int slot) const {
     return tx.region.base + static_cast<size_t>(slot) * tx.size;
   }
+
+  // ---- Send and Recv (send.cc, recv.cc) ----
+  // Whether a Send of `iov` polls the CQ first (autocork counts the sends
+  // that join a held tail here).
+  bool PollBeforeSend(std::span<const iovec> iov);
+  // Moves the next bytes of the call's piece, the first way that applies.
+  Step SendNext(SendCall& call);
+  Step SendPulled(SendCall& call);
+  Step SendBcopy(SendCall& call);
+  // Recv's loop: copies, announces, waits, until the call returns.
+  absl::StatusOr<size_t> RecvLoop(RecvCall& call);
+  // Copies what the receive queue holds (kNext: as far as it went).
+  Step CopyQueued(RecvCall& call);
 
   // ---- Bcopy (bcopy.cc) ----
   // A send of `iov` goes out by bcopy at once as one Data message.
@@ -461,10 +490,23 @@ struct ConnState {
   // The application is about to wait on this connection: send a held tail.
   void FlushTail();
 
-  // ---- ZCopy (zcopy_source.cc, zcopy_sink.cc) ----
+  // ---- ZCopy source (zcopy_source.cc) ----
+  // Writes the next bytes into the peer's SinkAvail.
   Step SendToPeerSink(SendCall& call);
+  absl::Status WritePeerSink(const uint8_t* q, size_t k, MemoryRegion* mr);
+  // Announces the next bytes in a SrcAvail and waits until they are read.
   Step SendSrcAvail(SendCall& call);
-  Step RecvFromSrcAvail(RecvCall& call, size_t si, size_t start, size_t avail);
+  // False: the deadline passed before the SrcAvail left (it is withdrawn);
+  // true: it finished, by the sink's reads or a cancel.
+  bool AwaitSrcAvail(const Deadline& deadline);
+
+  // ---- ZCopy sink (zcopy_sink.cc) ----
+  // Reads from the SrcAvail segment `si` of the receive queue (`avail`
+  // bytes from `start` are the call's).
+  SegStep RecvFromSrcAvail(RecvCall& call, size_t si, size_t start, size_t avail);
+  absl::Status ReadSrcAvail(RxSeg& s, size_t start, uint8_t* dest, size_t k);
+  SegStep SrcAvailReadFailed(RecvCall& call, size_t idx, const absl::Status& st);
+  // Announces the call's buffer in a SinkAvail and waits for the write.
   Step RecvIntoSinkAvail(RecvCall& call);
 
   // ---- Pulled bcopy (pull.cc) ----
@@ -495,7 +537,9 @@ struct ConnState {
   void AzReleaseAll();                     // connection over: unprotect all
   bool AzMove(AzSrcAvail& s);              // copy aside, point the advert at it
   wire::Message AzAdvert(const AzSrcAvail& s, uint8_t flags) const;
+  // Announces the page-aligned middle of the next bytes asynchronously.
   Step SendAsync(SendCall& call);
+  Step QueueAsync(SendCall& call, size_t len);
   // Fault on advert `serial` (Engine::OnFault drives these).
   enum class AzStep { kDone, kBlock, kCasPosted };
   AzStep AzFaultBegin(uint32_t serial);
@@ -507,8 +551,10 @@ struct ConnState {
   uint64_t* LockWord(uint32_t slot) const { return az.words + slot; }
   void AzSinkDone(RxSeg& s);               // reset my lock word for reuse
   void AzSinkDone(uint32_t slot, uint64_t gen);
-  Step LockAzAdvert(RecvCall& call, RxSeg& s);
-  Step RecvEarly(RecvCall& call, size_t si, RxSeg& s, size_t avail);
+  // Takes the lock word of `s` before it is read.
+  SegStep LockAzAdvert(RecvCall& call, RxSeg& s);
+  // Returns the next bytes of segment `si` before they land, if it can.
+  SegStep RecvEarly(RecvCall& call, size_t si, RxSeg& s, size_t avail);
   // Receive side: tries to return `s`'s next bytes into [dest, dest+len)
   // (page-aligned) before they land; false: do it synchronously.
   bool AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len);
@@ -563,13 +609,19 @@ struct ConnState {
   bool OnSrcAvailCancel(const wire::Header& h, const wire::AdvertRef& r);
   bool OnSinkCancelAck(const wire::Header& h, const wire::AdvertRef& r);
   void VoidSinkAvail();
-  // AZ-SDP (az.cc, az_sink.cc): RdmaRdCompl of an asynchronous or pulled
-  // advert (false: not one of them), and SrcAvail flagged AzUpdate.
-  bool OnAzRdmaRdCompl(const wire::Header& h, const wire::Completed& c, bool* ok);
+  // AZ-SDP (az.cc, az_sink.cc): RdmaRdCompl of the asynchronous or pulled
+  // advert az.src[index], and SrcAvail flagged AzUpdate.
+  bool OnAzRdmaRdCompl(const wire::Header& h, const wire::Completed& c, size_t index);
   bool OnAzUpdate(const wire::Header& h, wire::Advert& a);
 
   // Sending (transmit.cc).
   bool PostItem(TxItem& item);
+  // Where the head of the queues went.
+  enum class HeadOutcome { kPosted, kWaits, kStop };
+  HeadOutcome PostHead(int credits, int owed);
+  // PostItem's bookkeeping: the advert it posted, and after the post.
+  void NoteAdvertPosted(const TxItem& item, const wire::Header& h);
+  void NotePosted(const TxItem& item, uint32_t mseq, bool ackreq);
   // Autocork's part of posting `item` (autocork.cc): whether it asks for
   // an acknowledgement.
   bool WantAckReq(const TxItem& item);
