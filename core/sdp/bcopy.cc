@@ -41,17 +41,6 @@ bool ConnState::CanPostSmall(std::span<const iovec> iov) const {
          std::min(tx.size - wire::kHeaderSize, std::max<size_t>(opt.zcopy_threshold, 1));
 }
 
-bool ConnState::CanAppend() const {
-  if (!tx.dataq.empty()) {
-    const TxItem& tail = tx.dataq.back();
-    if (tail.mid == MessageId::kData && tail.slot >= 0 &&
-        tail.payload < tx.size - wire::kHeaderSize) {
-      return true;
-    }
-  }
-  return bcopy.queued_bytes < opt.sndbuf && tx.free.size() > kCtlSlots;
-}
-
 size_t ConnState::AppendData(const uint8_t* p, size_t n) {
   size_t total = 0;
   bool coalesced = false;

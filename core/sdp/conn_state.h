@@ -448,11 +448,11 @@ struct ConnState {
   // ---- Send and Recv (send.cc, recv.cc) ----
   // Whether a Send of `iov` polls the CQ first (autocork counts the sends
   // that join a held tail here).
-  bool PollBeforeSend(std::span<const iovec> iov);
+  [[gnu::always_inline]] inline bool PollBeforeSend(std::span<const iovec> iov);
   // Moves the next bytes of the call's piece, the first way that applies.
-  Step SendNext(SendCall& call);
-  Step SendPulled(SendCall& call);
-  Step SendBcopy(SendCall& call);
+  [[gnu::always_inline]] inline Step SendNext(SendCall& call);
+  [[gnu::always_inline]] inline Step SendPulled(SendCall& call);
+  [[gnu::always_inline]] inline Step SendBcopy(SendCall& call);
   // Recv's loop: copies, announces, waits, until the call returns.
   absl::StatusOr<size_t> RecvLoop(RecvCall& call);
   // Copies what the receive queue holds (kNext: as far as it went).
@@ -461,7 +461,17 @@ struct ConnState {
   // ---- Bcopy (bcopy.cc) ----
   // A send of `iov` goes out by bcopy at once as one Data message.
   bool CanPostSmall(std::span<const iovec> iov) const;
-  bool CanAppend() const;
+  // Send would queue at least one byte by bcopy now.
+  bool CanAppend() const {
+    if (!tx.dataq.empty()) {
+      const TxItem& tail = tx.dataq.back();
+      if (tail.mid == wire::MessageId::kData && tail.slot >= 0 &&
+          tail.payload < tx.size - wire::kHeaderSize) {
+        return true;
+      }
+    }
+    return bcopy.queued_bytes < opt.sndbuf && tx.free.size() > kCtlSlots;
+  }
   size_t AppendData(const uint8_t* p, size_t n);
 
   // ---- Autocork (autocork.cc) ----
@@ -618,10 +628,10 @@ struct ConnState {
   bool PostItem(TxItem& item);
   // Where the head of the queues went.
   enum class HeadOutcome { kPosted, kWaits, kStop };
-  HeadOutcome PostHead(int credits, int owed);
+  [[gnu::always_inline]] inline HeadOutcome PostHead(int credits, int owed);
   // PostItem's bookkeeping: the advert it posted, and after the post.
-  void NoteAdvertPosted(const TxItem& item, const wire::Header& h);
-  void NotePosted(const TxItem& item, uint32_t mseq, bool ackreq);
+  [[gnu::always_inline]] inline void NoteAdvertPosted(const TxItem& item, const wire::Header& h);
+  [[gnu::always_inline]] inline void NotePosted(const TxItem& item, uint32_t mseq, bool ackreq);
   // Autocork's part of posting `item` (autocork.cc): whether it asks for
   // an acknowledgement.
   bool WantAckReq(const TxItem& item);
