@@ -1,15 +1,14 @@
-// AZ-SDP (docs/azsdp.md, seed 003 section 4): the connection's side of
-// asynchronous zero-copy. Send protects the page-aligned middle of a large
-// buffer (az_guard.h), announces it in a SrcAvail flagged AzAsync with a lock
-// word in the receiver's table, and returns; the receiver locks the word
-// before it pulls; a write to the buffer ends in Engine::OnFault, which
-// copies the data aside if it wins the lock word by remote compare-and-swap
-// (AzUpdate points the receiver at the copy) or waits for the pull.
-// Everything here runs with the engine mutex held.
+// AZ-SDP, set-up and the source side (docs/azsdp.md; "Asynchronous
+// Zero-copy Communication for Synchronous Sockets in the Sockets Direct
+// Protocol (SDP) over InfiniBand", section 4). Send protects the
+// page-aligned middle of a large buffer (az_guard.h), announces it in a
+// SrcAvail flagged AzAsync with a lock word in the receiver's table, and
+// returns; the receiver locks the word before it pulls (az_sink.cc); a
+// write to the buffer ends in Engine::OnFault, which copies the data aside
+// if it wins the lock word by remote compare-and-swap (AzUpdate points the
+// receiver at the copy) or waits for the pull. Pulled bcopy adverts
+// (pull.cc) share the list of adverts in flight and its RdmaRdCompl.
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,8 +17,9 @@
 #include "absl/time/clock.h"
 #include "core/copy.h"
 #include "core/log.h"
-#include "core/memhooks.h"
+#include "core/rcache.h"
 #include "core/sdp/az_guard.h"
+#include "core/sdp/calls.h"
 #include "core/sdp/conn_state.h"
 #include "core/sdp/engine.h"
 #include "core/status.h"
@@ -50,25 +50,25 @@ absl::Status ConnState::SetUpAz() {
            index.status().ToString().c_str());
     return absl::OkStatus();
   }
-  az_table_index = *index;
-  az_table = engine->LockTableRegion(az_table_index, &az_words);
-  std::memset(az_words, 0, kAzMaxSlots * sizeof(uint64_t));
-  az_table_slots = slots;
-  az_sink_gen.assign(slots, 0);
+  az.table_index = *index;
+  az.table = engine->LockTableRegion(az.table_index, &az.words);
+  std::memset(az.words, 0, kAzMaxSlots * sizeof(uint64_t));
+  az.table_slots = slots;
+  az.sink_gen.assign(slots, 0);
   my_caps |= wire::kCapAz;
   return absl::OkStatus();
 }
 
 void ConnState::AddAzHello(wire::Hello& h) const {
-  if (!az_table) return;
-  h.max_adverts = static_cast<uint8_t>(az_table_slots);
+  if (!az.table) return;
+  h.max_adverts = static_cast<uint8_t>(az.table_slots);
   std::string v(4, '\0');
-  uint32_t n = az_table_slots;
+  uint32_t n = az.table_slots;
   std::memcpy(v.data(), &n, 4);  // little-endian hosts only (docs/protocol.md)
   // The key names only this connection's words of the shared region.
-  RemoteKey key = az_table->remote_key();
-  key.addr = reinterpret_cast<uint64_t>(az_words);
-  key.length = uint64_t{az_table_slots} * sizeof(uint64_t);
+  RemoteKey key = az.table->remote_key();
+  key.addr = reinterpret_cast<uint64_t>(az.words);
+  key.length = uint64_t{az.table_slots} * sizeof(uint64_t);
   v += key.Serialize();
   h.extensions.push_back({wire::kExtAzLockTable, std::move(v)});
 }
@@ -95,53 +95,53 @@ void ConnState::AcceptPeerAz() {
                                             " slots)")));
     return;
   }
-  peer_table = std::move(*key);
-  peer_table_slots = slots;
-  az_src_gen.assign(slots, 0);
-  az_slot_busy.assign(slots, 0);
-  az = (peer.caps & wire::kCapRdmaRead) && ep->info().atomics != Support::kNone;
+  az.peer_table = std::move(*key);
+  az.peer_table_slots = slots;
+  az.src_gen.assign(slots, 0);
+  az.slot_busy.assign(slots, 0);
+  az.enabled = (peer.caps & wire::kCapRdmaRead) && ep->info().atomics != Support::kNone;
 }
 
 uint32_t ConnState::AzLimit() const {
-  return std::min<uint32_t>(peer.max_adverts, peer_table_slots);
+  return std::min<uint32_t>(peer.max_adverts, az.peer_table_slots);
 }
 
 uint64_t ConnState::TxCommitted() const {
-  uint64_t n = tx_pos;
-  for (const AzSrc& s : az_src) n += s.len - s.done;
+  uint64_t n = tx.pos;
+  for (const AzSrcAvail& s : az.src) n += s.len - s.done;
   return n;
 }
 
-ConnState::AzSrc* ConnState::FindAz(uint32_t serial) {
-  for (AzSrc& s : az_src) {
+AzSrcAvail* ConnState::FindAz(uint32_t serial) {
+  for (AzSrcAvail& s : az.src) {
     if (s.serial == serial) return &s;
   }
   return nullptr;
 }
 
 void ConnState::AzFinish(size_t index) {
-  AzSrc& s = az_src[index];
+  AzSrcAvail& s = az.src[index];
   if (s.pull) {
-    pull_out--;
+    pull.out--;
   } else {
     if (s.guard >= 0) az::Guard::Get().Release(s.guard);
-    az_slot_busy[s.slot] = 0;
-    az_src_gen[s.slot]++;
+    az.slot_busy[s.slot] = 0;
+    az.src_gen[s.slot]++;
   }
-  az_src.erase(az_src.begin() + static_cast<std::ptrdiff_t>(index));
+  az.src.erase(az.src.begin() + static_cast<std::ptrdiff_t>(index));
   engine->NotifyLocked();
 }
 
 void ConnState::AzReleaseAll() {
-  for (AzSrc& s : az_src) {
+  for (AzSrcAvail& s : az.src) {
     if (s.guard >= 0) az::Guard::Get().Release(s.guard);
   }
-  az_src.clear();
-  pull_out = 0;
-  std::fill(az_slot_busy.begin(), az_slot_busy.end(), 0);
+  az.src.clear();
+  pull.out = 0;
+  std::fill(az.slot_busy.begin(), az.slot_busy.end(), 0);
 }
 
-wire::Message ConnState::AzAdvert(const AzSrc& s, uint8_t flags) const {
+wire::Message ConnState::AzAdvert(const AzSrcAvail& s, uint8_t flags) const {
   wire::Advert a;
   if (s.copy) {
     a.addr = reinterpret_cast<uint64_t>(s.copy->base);
@@ -157,7 +157,7 @@ wire::Message ConnState::AzAdvert(const AzSrc& s, uint8_t flags) const {
   return wire::Message{{MessageId::kSrcAvail, flags}, a};
 }
 
-bool ConnState::AzMove(AzSrc& s) {
+bool ConnState::AzMove(AzSrcAvail& s) {
   auto copy = std::make_unique<AzCopyBuf>();
   if (posix_memalign(&copy->base, 4096, s.len) != 0) {
     copy->base = nullptr;
@@ -175,7 +175,7 @@ bool ConnState::AzMove(AzSrc& s) {
   if (s.posted) {
     QueueCtl(AzAdvert(s, wire::kFlagAzUpdate | wire::kFlagAzAsync));
   } else {
-    for (TxItem& item : dataq) {
+    for (TxItem& item : tx.dataq) {
       if (item.az_serial == s.serial) {
         item.encoded = wire::EncodeToString(AzAdvert(s, wire::kFlagAzAsync));
         break;
@@ -190,141 +190,122 @@ bool ConnState::AzMove(AzSrc& s) {
   return true;
 }
 
-void ConnState::AzSinkDone(RxSeg& s) {
-  if (s.slot == wire::kNoSlot || !az_table) return;
-  AzSinkDone(s.slot, s.gen);
-  s.slot = wire::kNoSlot;
-}
-
-void ConnState::AzSinkDone(uint32_t slot, uint64_t gen) {
-  __atomic_store_n(LockWord(slot), AzWord(gen + 1, kAzFree), __ATOMIC_SEQ_CST);
-  az_sink_gen[slot] = gen + 1;
-}
-
-// Receive side (seed 003 section 4.2): the pages at `dest` become
-// inaccessible and the call returns; the RDMA read lands in a fresh mapping
-// that then replaces them (mremap: no copy), and any access meanwhile waits
-// in the guard. The providers move data with the CPU, which could not write
-// into pages the application may not touch: hence the separate mapping.
-bool ConnState::AzRecvEarly(RxSeg& s, uint8_t* dest, size_t len) {
-  void* temp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (temp == MAP_FAILED) return false;
-  std::unique_ptr<MemoryRegion> mr;
-  if (ep->fabric()->caps().registration_required) {
-    auto r = ep->fabric()->RegisterMemory(temp, len, kLocalWrite | kLocalRead);
-    if (!r.ok()) {
-      ::munmap(temp, len);
-      return false;
-    }
-    mr = std::move(*r);
-  }
-  const uint32_t serial = kAzRecvSerial | (++az_rx_serial & ~kAzRecvSerial);
-  auto g = az::Guard::Get().ProtectNone(reinterpret_cast<uintptr_t>(dest), len,
-                                        engine->fault_client(), (id << 32) | serial);
-  if (!g.ok()) {
-    ZS_LOG(kDebug, "sdp: AZ-SDP receives synchronously: %s", g.status().ToString().c_str());
-    mr.reset();
-    ::munmap(temp, len);
+bool ConnState::OnAzRdmaRdCompl(const wire::Header& h, const wire::Completed& c,
+                                size_t index) {
+  AzSrcAvail& s = az.src[index];
+  if (c.bytes > s.len - s.done || (h.flags & wire::kFlagCancelReply)) {
+    ProtocolError(Violation(h, absl::StrCat("reports ", c.bytes, " bytes of asynchronous "
+                                            "SrcAvail ", c.advert, " (", s.len - s.done,
+                                            " remain) or answers a cancel never sent")));
     return false;
   }
-  engine->az_used_.store(true, std::memory_order_relaxed);
-  const size_t max_rma = ep->fabric()->caps().max_rma_size;
-  const size_t chunk = max_rma > 0 ? std::min(max_rma, len) : len;
-  int posted = 0;
-  absl::Status st;
-  for (size_t off = 0; off < len && st.ok(); off += chunk) {
-    st = ep->Read(static_cast<uint8_t*>(temp) + off, std::min(chunk, len - off), mr.get(),
-                  s.addr + s.off + off, s.key, MakeCtx(id, kCtxAzRead, 0));
-    if (st.ok()) posted++;
-  }
-  if (posted == 0) {
-    az::Guard::Get().Release(*g);
-    mr.reset();
-    ::munmap(temp, len);
-    return false;
-  }
-  az_rx.pending = posted;
-  az_rx.status = st;  // a piece that could not start fails the landing
-  az_rx.active = true;
-  az_rx.serial = serial;
-  az_rx.advert = s.advert;
-  az_rx.bytes = static_cast<uint32_t>(len);
-  az_rx.seg_done = s.off + len == s.len;
-  az_rx.slot = s.slot;
-  az_rx.gen = s.gen;
-  az_rx.dest = reinterpret_cast<uintptr_t>(dest);
-  az_rx.len = len;
-  az_rx.temp = temp;
-  az_rx.mr = std::move(mr);
-  az_rx.guard = *g;
-  if (az_rx.seg_done) s.slot = wire::kNoSlot;  // the lock word resets on landing
-  stats.az_recv_early++;
+  // SendSmall on an asynchronous or pulled advert: the sink discarded it
+  // (SHUT_RD).
+  uint32_t k = (h.flags & wire::kFlagSendSmall) ? s.len - s.done : c.bytes;
+  s.done += k;
+  tx.pos += k;
+  (s.pull ? stats.bytes_sent_pull : stats.bytes_sent_srcavail) += k;
+  if (s.done == s.len) AzFinish(index);
   return true;
 }
 
-void ConnState::AzRxLanded(absl::Status st) {
-  if (!az_rx.active) return;
-  if (!st.ok() && az_rx.status.ok()) az_rx.status = st;
-  if (--az_rx.pending > 0) return;
-  st = az_rx.status;
-  az_rx.mr.reset();
-  if (st.ok()) {
-    // syscall, not mremap(): the interposer's release gate would wait for
-    // the very range this releases.
-    void* r = reinterpret_cast<void*>(syscall(SYS_mremap, az_rx.temp, az_rx.len, az_rx.len,
-                                              MREMAP_MAYMOVE | MREMAP_FIXED, az_rx.dest));
-    if (r == MAP_FAILED) {
-      st = ErrnoError(errno, "AZ-SDP: mremap of a landed receive failed", "report a bug");
-    }
+// ---------------------------------------------------------------- Send step
+
+Step ConnState::SendAsync(SendCall& call) {
+  // The page-aligned middle goes asynchronously; the unaligned head and
+  // tail go by bcopy (the AZ-SDP paper, section 4.4.2).
+  const size_t rem = call.rem();
+  const uintptr_t page = az::PageSize();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(call.q());
+  const uintptr_t first = (a + page - 1) / page * page;
+  const uintptr_t last = (a + std::min(rem, kMaxAdvert)) / page * page;
+  if (last <= first || last - first < std::min<size_t>(call.threshold, 4 * page)) {
+    call.force_bcopy = rem;  // no whole page: all by bcopy
+    stats.az_hybrid_bcopy += rem;
+    return Step::kPass;
   }
-  if (!st.ok()) ::munmap(az_rx.temp, az_rx.len);
-  az::Guard::Get().Release(az_rx.guard);
-  // Registrations of the replaced pages are stale.
-  NotifyMemoryReleased(reinterpret_cast<void*>(az_rx.dest), az_rx.len);
-  AzRx done = std::move(az_rx);
-  az_rx = AzRx{};
-  if (st.ok()) {
-    if (done.seg_done) AzSinkDone(done.slot, done.gen);
-    QueueCtl(wire::Message{{MessageId::kRdmaRdCompl}, wire::Completed{done.advert, done.bytes}});
+  if (first > a) {
+    call.force_bcopy = first - a;
+    stats.az_hybrid_bcopy += first - a;
+    return Step::kPass;
+  }
+  if (AzOut() >= AzLimit()) {
     TryTransmit();
-  } else if (error.ok()) {
-    // The application was told these bytes arrived: the connection cannot
-    // go on (its buffer keeps what it held before the call).
-    PostAbort(ECONNRESET);
-    Fail(MakeError(absl::StatusCode::kAborted, ECONNRESET,
-                   absl::StrCat("AZ-SDP: the read of a receive that returned early failed: ",
-                                st.message()),
-                   "the last receive's bytes did not arrive; reconnect"));
+    if (call.dontwait) return call.End(WouldBlock());
+    if (!engine->WaitLocked([&] { return !failure.error.ok() || AzOut() < AzLimit(); },
+                            call.deadline)) {
+      return call.End(TimedOut());
+    }
+    return Step::kNext;
   }
-  engine->NotifyLocked();
+  return QueueAsync(call, last - first);
 }
 
-void ConnState::AzRxAbandon() {
-  if (!az_rx.active) return;
-  az_rx.pending = 1;
-  AzRxLanded(error.ok() ? absl::CancelledError("connection closed") : error);
+Step ConnState::QueueAsync(SendCall& call, size_t len) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(call.q());
+  auto r = ep->fabric()->rcache().Get(const_cast<uint8_t*>(call.q()), len,
+                                      kRemoteRead | kLocalRead);
+  const uint32_t serial = NextAzSerial();
+  absl::StatusOr<int> g = -1;
+  if (r.ok()) {
+    engine->az_used_.store(true, std::memory_order_relaxed);
+    g = az::Guard::Get().Protect(addr, len, engine->fault_client(), (id << 32) | serial);
+  } else {
+    g = r.status();
+  }
+  if (!g.ok()) {
+    ZS_LOG(kDebug, "sdp: AZ-SDP cannot protect the buffer (%s); sending it by zcopy",
+           g.status().ToString().c_str());
+    stats.az_unprotectable++;
+    call.az_sync = true;
+    return Step::kNext;
+  }
+  AzSrcAvail as;
+  as.serial = serial;
+  as.slot = 0;
+  while (az.slot_busy[as.slot]) as.slot++;
+  as.gen = az.src_gen[as.slot];
+  as.len = static_cast<uint32_t>(len);
+  as.addr = addr;
+  as.stream_pos = TxCommitted();
+  as.guard = *g;
+  as.mr = *r;
+  az.slot_busy[as.slot] = 1;
+  TxItem item;
+  item.mid = MessageId::kSrcAvail;
+  item.az_serial = serial;
+  item.encoded = wire::EncodeToString(AzAdvert(as, wire::kFlagAzAsync));
+  az.src.push_back(std::move(as));
+  tx.dataq.push_back(std::move(item));
+  stats.az_srcavail_sent++;
+  stats.az_bytes += len;
+  TryTransmit();
+  call.Took(len);
+  return Step::kNext;
 }
+
+// ---------------------------------------------------------------- faults
 
 ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
-  AzSrc* s = FindAz(serial);
+  AzSrcAvail* s = FindAz(serial);
   if (s == nullptr || s->guard < 0) return AzStep::kDone;
   stats.az_faults++;
   const int64_t now = absl::GetCurrentTimeNanos();
-  if (now - az_window_start > 1000000000) {
-    az_window_start = now;
-    az_window_faults = 0;
+  if (now - az.window_start > 1000000000) {
+    az.window_start = now;
+    az.window_faults = 0;
   }
-  if (++az_window_faults > opt.az_fault_limit && opt.mode == Mode::kAz) {
+  if (++az.window_faults > opt.az_fault_limit && opt.mode == Mode::kAz) {
     opt.mode = Mode::kZcopy;
     stats.az_fallbacks++;
     ZS_LOG(kWarn, "sdp connection to %s: %u faults on buffers being sent within a second exceed "
            "az_fault_limit=%u; falling back to zcopy (the application writes its send buffers "
            "right after sending; SetMode(azcopy) or ZSOCK_SO_MODE re-enables AZ-SDP)",
-           peer_address.c_str(), az_window_faults, opt.az_fault_limit);
+           peer_address.c_str(), az.window_faults, opt.az_fault_limit);
     QueueCtl(wire::Message{{MessageId::kModeChange}, wire::ModeChange{Mode::kZcopy}});
     TryTransmit();
   }
-  if (opt.az_policy == AzPolicy::kBlock || !error.ok()) {
+  if (opt.az_policy == AzPolicy::kBlock || !failure.error.ok()) {
     stats.az_blocks++;
     return AzStep::kBlock;
   }
@@ -341,9 +322,9 @@ ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
     stats.az_blocks++;
     return AzStep::kBlock;
   }
-  atomic_status = absl::OkStatus();
-  atomic_result = ~uint64_t{0};
-  auto st = ep->CompareSwap(&atomic_result, peer_table.addr + uint64_t{s->slot} * 8, peer_table,
+  az.atomic_status = absl::OkStatus();
+  az.atomic_result = ~uint64_t{0};
+  auto st = ep->CompareSwap(&az.atomic_result, az.peer_table.addr + uint64_t{s->slot} * 8, az.peer_table,
                             AzWord(s->gen, kAzFree), AzWord(s->gen, kAzSourceMoved),
                             MakeCtx(id, kCtxAtomic, 0));
   if (!st.ok()) {
@@ -352,18 +333,18 @@ ConnState::AzStep ConnState::AzFaultBegin(uint32_t serial) {
     stats.az_blocks++;
     return AzStep::kBlock;
   }
-  atomics_out++;
+  az.atomics_out++;
   return AzStep::kCasPosted;
 }
 
 bool ConnState::AzFaultCasDone(uint32_t serial) {
-  AzSrc* s = FindAz(serial);
+  AzSrcAvail* s = FindAz(serial);
   if (s == nullptr || s->guard < 0) return true;
-  const bool won = atomic_status.ok() && atomic_result == AzWord(s->gen, kAzFree);
+  const bool won = az.atomic_status.ok() && az.atomic_result == AzWord(s->gen, kAzFree);
   if (!won) {
-    if (!atomic_status.ok()) {
+    if (!az.atomic_status.ok()) {
       ZS_LOG(kInfo, "sdp: AZ-SDP lock-word compare-and-swap failed (%s); waiting instead",
-             atomic_status.ToString().c_str());
+             az.atomic_status.ToString().c_str());
     }
     stats.az_blocks++;
     return false;
@@ -382,8 +363,8 @@ bool ConnState::AzFaultCasDone(uint32_t serial) {
 }
 
 bool ConnState::AzGuarded(uint32_t serial) {
-  AzSrc* s = FindAz(serial);
-  return s != nullptr && s->guard >= 0 && error.ok();
+  AzSrcAvail* s = FindAz(serial);
+  return s != nullptr && s->guard >= 0 && failure.error.ok();
 }
 
 // ---------------------------------------------------------------- Engine
@@ -406,7 +387,7 @@ void Engine::OnFault(uint64_t cookie) {
       WaitLocked(
           [&] {
             ConnState* x = conn();
-            return x == nullptr || !x->az_rx.active || x->az_rx.serial != serial;
+            return x == nullptr || !x->az.rx.active || x->az.rx.serial != serial;
           },
           absl::InfiniteFuture());
       return;
@@ -422,7 +403,7 @@ void Engine::OnFault(uint64_t cookie) {
         WaitLocked(
             [&] {
               ConnState* x = conn();
-              return x == nullptr || x->atomics_out == 0;
+              return x == nullptr || x->az.atomics_out == 0;
             },
             absl::InfiniteFuture());
         if (ConnState* x = conn()) block = !x->AzFaultCasDone(serial);

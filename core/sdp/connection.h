@@ -220,6 +220,10 @@ class Connection {
   Connection(Engine* engine, ConnState* state) : engine_(engine), state_(state) {}
   // Shutdown's effect, under the engine lock (Close uses it too).
   void ShutdownLocked(ConnState* c, int how);
+  // Recv into buffers this process is still sending from (AZ-SDP): waits
+  // until they are writable or the stream has bytes for them (recv.cc).
+  absl::Status SettleSendProtected(std::span<const iovec> iov, int flags,
+                                   const Deadline& deadline);
   // state_ without the engine lock, only to return early: Close may clear
   // it from another thread at any time, so every method reads it again
   // under the lock before using it.

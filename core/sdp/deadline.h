@@ -1,13 +1,13 @@
 // sdp::Deadline: when a blocking call gives up, resolved to a point in time
 // only if the call has to wait.
 //
-// A socket timeout (SO_RCVTIMEO, SO_SNDTIMEO) is relative to the call. The
-// sockets layer turned it into absl::Now() + timeout on every call, and on
-// this class of VM absl::Now() costs about 100 ns: four reads per 8-byte
-// ping-pong round trip, a tenth of its time, for deadlines that a call with
-// its data already there never looks at. Deadline::After keeps the
-// duration and reads the clock at the first wait, so the timeout counts
-// from a moment no earlier than the call (it never expires early).
+// A socket timeout (SO_RCVTIMEO, SO_SNDTIMEO) is relative to the call.
+// Turning it into absl::Now() + timeout on every call reads the clock for
+// deadlines that a call with its data already there never looks at, and
+// clock reads are dear on VMs (measured: a noticeable part of a small
+// ping-pong's time). Deadline::After keeps the duration and reads the
+// clock at the first wait, so the timeout counts from a moment no earlier
+// than the call (it never expires early).
 #pragma once
 
 #include "absl/time/clock.h"

@@ -139,6 +139,19 @@ class Engine : private az::FaultClient {
   void RunCallbacks(bool sync = false) ABSL_LOCKS_EXCLUDED(mu_);
   void ProgressThread();
   size_t LeadWait(std::span<Completion> out, absl::Time deadline, bool background);
+  // LeadWait's steps: an application thread's spin on the CQ (0: it spun
+  // out; *start is when it first read the clock, 0 if it did not), then
+  // the sleep on the CQ's fd (and the notify fd) until `deadline`, at most
+  // a second.
+  size_t SpinForCompletions(std::span<Completion> out, absl::Time deadline, int64_t* start);
+  size_t SleepForCompletions(std::span<Completion> out, absl::Time deadline, bool background,
+                             int64_t start);
+  // One poll(2) on the CQ's fd and `notify`, at most `left`.
+  struct WakeOutcome {
+    bool notified = false;     // `notify` woke it
+    bool stand_aside = false;  // the progress thread leaves this event to the application
+  };
+  WakeOutcome SleepOnCq(const Fd& notify, absl::Duration left, bool background);
   // The progress thread, about to sleep on the CQ or woken there while an
   // application thread leads: while application threads lead, or did
   // within kStandAsideNs, it sleeps on its own fd instead, looking again
@@ -147,9 +160,9 @@ class Engine : private az::FaultClient {
   // aside. An application thread that leads wakes for every completion and
   // dispatches for every connection; with two sleepers on the CQ's fd both
   // woke for every message, and the progress thread took vCPU time and the
-  // poll token at the moment the application's reply was due: a sporadic
-  // round trip through the sockets layer took 61-72 us p50 on unet against
-  // 32-41 without the progress thread (wakeup_bench, 1 ms gaps).
+  // poll token at the moment the application's reply was due (measured
+  // with wakeup_bench: sporadic round trips through the sockets layer were
+  // markedly slower than without the progress thread).
   bool StandAsideForApp(absl::Time until);
   bool AppActiveRecently() const;
   // See StandAsideForApp: how long after an application thread last led
@@ -208,8 +221,8 @@ class Engine : private az::FaultClient {
   std::atomic<uint64_t> background_wakes_{0};
   // Where the token's holder polls into, until it has dispatched them. One
   // array for the engine, not one on the stack per poll: constructing and
-  // destroying 32 completions (an absl::Status each) was an eighth of the
-  // CPU time of a small send that appends to a queued message.
+  // destroying 32 completions (an absl::Status each) was, measured, a
+  // noticeable part of the CPU time of a small send.
   Completion taken_[32];
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

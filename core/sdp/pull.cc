@@ -23,12 +23,12 @@ namespace zsock::sdp {
 using wire::MessageId;
 
 void ConnState::SetUpPull() {
-  pull_offered = (my_caps & wire::kCapRdmaRead) &&
+  pull.offered = (my_caps & wire::kCapRdmaRead) &&
                  ep->fabric()->caps().rma_allocated == Support::kNative;
 }
 
 void ConnState::AddPullHello(wire::Hello& h) const {
-  if (!pull_offered) return;
+  if (!pull.offered) return;
   std::string v(4, '\0');
   const uint32_t n = kPullMaxAdverts;
   std::memcpy(v.data(), &n, 4);  // little-endian hosts only (docs/protocol.md)
@@ -49,13 +49,13 @@ void ConnState::AcceptPeerPull() {
                                               ")")));
       return;
     }
-    peer_pull = n;
+    pull.peer_count = n;
   }
 }
 
 bool ConnState::EnsurePullBuffer() {
-  if (pull_mr) return true;
-  if (pull_failed) return false;
+  if (pull.mr) return true;
+  if (pull.failed) return false;
   // For this peer alone: unet would otherwise share it with every peer of
   // the fabric, which could then read this connection's stream.
   auto r = ep->fabric()->AllocateRegisteredFor(ep.get(), kPullBuffer,
@@ -63,24 +63,24 @@ bool ConnState::EnsurePullBuffer() {
   if (!r.ok()) {
     ZS_LOG(kInfo, "sdp: cannot allocate the pull buffer for %s (%s); large sends use bcopy "
            "through private buffers", peer_address.c_str(), r.status().ToString().c_str());
-    pull_failed = true;
+    pull.failed = true;
     return false;
   }
-  pull_mr = std::move(*r);
+  pull.mr = std::move(*r);
   return true;
 }
 
 bool ConnState::PullWanted(size_t rem) const {
-  return peer_pull > 0 && !pull_failed && opt.pull_threshold > 0 && rem >= opt.pull_threshold;
+  return pull.peer_count > 0 && !pull.failed && opt.pull_threshold > 0 && rem >= opt.pull_threshold;
 }
 
 size_t ConnState::PullRoom(size_t rem, size_t* off) const {
-  if (pull_out >= peer_pull || !pull_mr) return 0;
+  if (pull.out >= pull.peer_count || !pull.mr) return 0;
   const size_t want = std::min(rem, kPullAdvert);
   // The oldest pulled advert still out starts the range in use; pull_head
   // ends it (adverts take the ring in order).
-  const AzSrc* oldest = nullptr;
-  for (const AzSrc& s : az_src) {
+  const AzSrcAvail* oldest = nullptr;
+  for (const AzSrcAvail& s : az.src) {
     if (s.pull) {
       oldest = &s;
       break;
@@ -94,10 +94,10 @@ size_t ConnState::PullRoom(size_t rem, size_t* off) const {
   // A part of the next `rem` bytes is worth an advert if it is at least the
   // threshold (or all that is left).
   const size_t least = std::min(want, std::max<size_t>(opt.pull_threshold, 1));
-  if (pull_head > tail) {
-    if (kPullBuffer - pull_head >= least) {
-      *off = pull_head;
-      return std::min(want, kPullBuffer - pull_head);
+  if (pull.head > tail) {
+    if (kPullBuffer - pull.head >= least) {
+      *off = pull.head;
+      return std::min(want, kPullBuffer - pull.head);
     }
     if (tail >= least) {  // wrap: the end's remnant stays unused this round
       *off = 0;
@@ -107,17 +107,17 @@ size_t ConnState::PullRoom(size_t rem, size_t* off) const {
   }
   // Wrapped (pull_head <= tail; equal means full, as an advert is never
   // empty).
-  if (tail - pull_head >= least) {
-    *off = pull_head;
-    return std::min(want, tail - pull_head);
+  if (tail - pull.head >= least) {
+    *off = pull.head;
+    return std::min(want, tail - pull.head);
   }
   return 0;
 }
 
 void ConnState::QueuePull(const uint8_t* p, size_t k, size_t off) {
   CopyBytes(PullBase() + off, p, k);
-  pull_head = off + k;
-  AzSrc as;
+  pull.head = off + k;
+  AzSrcAvail as;
   as.pull = true;
   as.pull_off = off;
   as.serial = NextAzSerial();
@@ -125,14 +125,14 @@ void ConnState::QueuePull(const uint8_t* p, size_t k, size_t off) {
   as.len = static_cast<uint32_t>(k);
   as.addr = reinterpret_cast<uintptr_t>(PullBase() + off);
   as.stream_pos = TxCommitted();
-  as.mr = pull_mr;
+  as.mr = pull.mr;
   TxItem item;
   item.mid = MessageId::kSrcAvail;
   item.az_serial = as.serial;
   item.encoded = wire::EncodeToString(AzAdvert(as, wire::kFlagPull));
-  az_src.push_back(std::move(as));
-  pull_out++;
-  dataq.push_back(std::move(item));
+  az.src.push_back(std::move(as));
+  pull.out++;
+  tx.dataq.push_back(std::move(item));
   stats.pull_srcavail_sent++;
   TryTransmit();
 }
