@@ -1,5 +1,5 @@
 // The SDP parser fuzz body, shared by the libFuzzer target
-// (tools/fuzz_sdp.sh) and the gtest that runs it in CI (wire_fuzz_test.cc).
+// (tools/fuzz.sh sdp-wire) and the gtest that runs it in CI (wire_fuzz_test.cc).
 #ifndef ZSOCK_CORE_SDP_WIRE_FUZZ_H_
 #define ZSOCK_CORE_SDP_WIRE_FUZZ_H_
 

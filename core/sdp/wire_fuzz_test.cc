@@ -1,6 +1,6 @@
 // Runs the fuzz body (wire_fuzz.cc) over the seed corpus, every single-byte
 // mutation of it, and random inputs, so CI exercises the parser the fuzzer
-// covers (tools/fuzz_sdp.sh runs the real libFuzzer target).
+// covers (tools/fuzz.sh sdp-wire runs the real libFuzzer target).
 #include <cstring>
 #include <random>
 #include <string>
