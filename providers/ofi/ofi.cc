@@ -82,12 +82,17 @@
 #include "core/rcache.h"
 #include "core/sockaddr.h"
 #include "core/status.h"
+#include "providers/ofi/bootstrap_io.h"
+#include "providers/ofi/domain_lock.h"
+#include "providers/ofi/errors.h"
+#include "providers/ofi/handshake.h"
+#include "providers/ofi/host_port.h"
+#include "providers/ofi/settings.h"
 #include "providers/ofi/tcp_socket.h"
 
 namespace zsock::ofi {
 namespace {
 
-constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
 constexpr uint64_t kUserTag = 0x1;
 constexpr uint64_t kControlTag = 0x2;
 // Capabilities::inject_size at most (the provider's own tx inject size is
@@ -97,15 +102,12 @@ constexpr size_t kControlBuf = 64 * 1024;
 constexpr int kControlRecvs = 8;
 // Room for core's emulation header and a serialized key in a control message.
 constexpr size_t kControlOverhead = 512;
-constexpr uint32_t kHelloMagic = 0x7a6f6669;  // "zofi"
-constexpr uint16_t kHelloVersion = 2;
 constexpr int64_t kLivenessIntervalNs = 20 * 1000 * 1000;
 constexpr int64_t kMinPollNs = 50 * 1000;     // CQ poll timer without a wait object
 constexpr int64_t kMaxPollNs = 1000 * 1000;
 // cq_wait=sockets: the timer is only a backstop (the sockets wake a
 // sleeper), for progress that no socket announces.
 constexpr int64_t kMinBackstopNs = 1000 * 1000;
-constexpr int64_t kMaxBackstopNs = 64 * 1000 * 1000;
 // cq_wait=sockets: from this many endpoints on a CQ on, a poll reads only
 // the fi CQs of endpoints with something to find (OfiCq::Progress).
 constexpr size_t kSelectiveMin = 8;
@@ -117,288 +119,8 @@ constexpr int64_t kLingerNs = 1000 * 1000 * 1000;
 // Control message: graceful close, a record (core/flow_window.h) of the
 // user messages sent; the flow report (RDM over rxm, SetFlow) is the other.
 constexpr uint8_t kFinMarker = 0xf1;
-// User sends an endpoint over rxm hands to libfabric beyond what the peer
-// has reported consumed (option flow_window; 0: no limit). rxm keeps every
-// message that arrives before its receive is posted in a bounce buffer of
-// FI_OFI_RXM_BUFFER_SIZE bytes (16 KiB) and never pushes back: a sender
-// that outruns its peer grows the peer's memory without bound (300,000
-// messages of 8 bytes: 2.6-3.5 GB resident; 2,000,000: the OOM killer). With
-// the window, the peer holds at most this many such buffers (16 MiB), and
-// later sends wait in the sender's backlog, as sends that met EAGAIN do.
-constexpr size_t kDefaultFlowWindow = 1024;
 
 
-// ------------------------------------------------------------ errors
-
-absl::Status FiError(int rc, absl::string_view call, absl::string_view fix = {}) {
-  int err = rc < 0 ? -rc : rc;
-  // FI_E* values below 256 are errno values.
-  int sys = err < 256 ? err : EIO;
-  return MakeError(sys == EAGAIN ? absl::StatusCode::kUnavailable
-                                 : (sys == ENODATA || sys == ENOSYS || sys == EOPNOTSUPP)
-                                       ? absl::StatusCode::kUnavailable
-                                       : absl::StatusCode::kInternal,
-                   sys, absl::StrCat(call, " failed: ", fi_strerror(err)), fix);
-}
-
-// What fi_getinfo offers on this host, "prov (endpoint type, domain)", for
-// "provider not found" errors; `names` gets each provider name's parts
-// ("tcp;ofi_rxm" -> tcp, ofi_rxm).
-std::string OfferedProviders(std::vector<std::string>* names = nullptr) {
-  fi_info* info = nullptr;
-  std::vector<std::string> offers;
-  if (fi_getinfo(kFiVersion, nullptr, nullptr, 0, nullptr, &info) == 0) {
-    for (fi_info* i = info; i != nullptr; i = i->next) {
-      const char* type = i->ep_attr->type == FI_EP_MSG ? "msg" : i->ep_attr->type == FI_EP_RDM ? "rdm" : "dgram";
-      std::string n = absl::StrCat(i->fabric_attr->prov_name, " (", type, ", domain ", i->domain_attr->name, ")");
-      if (std::find(offers.begin(), offers.end(), n) == offers.end()) offers.push_back(n);
-      if (names != nullptr) {
-        for (absl::string_view part : absl::StrSplit(i->fabric_attr->prov_name, ';')) {
-          names->emplace_back(part);
-        }
-      }
-    }
-    fi_freeinfo(info);
-  }
-  return offers.empty() ? "nothing" : absl::StrJoin(offers, ", ");
-}
-
-// Core providers whose endpoints are connected (FI_EP_MSG); `ofi:tcp` and
-// `ofi:verbs` use them directly, `ofi:tcp;ofi_rxm` through rxm's RDM layer.
-bool IsMsgProvider(absl::string_view prov) { return prov == "tcp" || prov == "verbs"; }
-
-// Every mr_mode bit zsock honours (FI_MR_ENDPOINT is not among them: it
-// binds a registration to one endpoint, and a zsock registration serves
-// every endpoint of its fabric).
-constexpr int kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_RAW;
-
-struct Settings;
-fi_info* MakeHints(const Settings& s, fi_ep_type type, uint64_t caps, int mr_mode);
-
-// Providers libfabric 1.17 can be built with: a name among them that this
-// host does not offer is unavailable here; any other name is a mistake.
-constexpr absl::string_view kKnownProviders[] = {
-    "verbs", "efa", "psm2", "psm3", "opx", "usnic", "gni", "cxi", "tcp", "udp", "sockets",
-    "shm", "sm2", "ucx", "ofi_rxm", "ofi_rxd", "ofi_mrail", "net", "bgq", "rstream"};
-
-// The error for a configuration fi_getinfo does not match, saying why.
-absl::Status NoProvider(const Settings& s, fi_ep_type type, uint64_t caps, int rc);
-
-// ------------------------------------------------------------ fds
-
-
-// "IP:PORT" / "[IPv6]:PORT" through core's parser (core/sockaddr.h), in
-// the sockaddr_storage form the socket calls below take.
-absl::StatusOr<sockaddr_storage> ParseHostPort(absl::string_view address, socklen_t* len) {
-  auto a = ParseSocketAddress(address);
-  if (!a.ok()) return a.status();
-  *len = a->len;
-  return a->storage;
-}
-
-std::string FormatHostPort(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    return absl::StrCat("[", host, "]:", ntohs(a->sin6_port));
-  }
-  auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-  inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-  return absl::StrCat(host, ":", ntohs(a->sin_port));
-}
-
-// Blocking exchange on the out-of-band socket with a deadline.
-absl::Status IoAll(int fd, void* buf, size_t len, bool write, absl::Time deadline) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (len > 0) {
-    int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left <= 0) {
-      return MakeError(absl::StatusCode::kDeadlineExceeded, ETIMEDOUT,
-                       "the ofi peer did not complete the connection handshake in time",
-                       "check that the peer runs zsock with the same ofi provider");
-    }
-    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    if (::poll(&pfd, 1, static_cast<int>(left)) <= 0) continue;
-    ssize_t n = write ? ::send(fd, p, len, MSG_NOSIGNAL) : ::recv(fd, p, len, 0);
-    if (n == 0) {
-      return MakeError(absl::StatusCode::kUnavailable, ECONNRESET,
-                       "the ofi peer closed the connection during the handshake",
-                       "check the peer's log: it may use another ofi provider or version");
-    }
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoError(errno, "ofi handshake I/O failed");
-    }
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-// ------------------------------------------------------------ settings
-
-struct Settings {
-  std::string prov;   // prov_name for hints ("" = any)
-  std::string iface;  // domain name ("" = libfabric's first choice)
-  bool mr_local = false;  // behave as if the provider demanded FI_MR_LOCAL
-  // How a blocked wait learns of completions (option cq_wait):
-  //  kFd: the fi CQs' FI_WAIT_FD objects, with fi_trywait;
-  //  kNone: no wait object (FI_WAIT_NONE), as MPI libraries open CQs for
-  //    busy polling; blocking waits use the timer;
-  //  kSockets: no wait object, and the TCP sockets of the endpoints
-  //    themselves in the wait set (connected endpoints of libfabric tcp);
-  //  kAuto: kSockets for libfabric tcp's connected endpoints, else kFd.
-  enum class CqWait { kAuto, kFd, kNone, kSockets };
-  CqWait cq_wait = CqWait::kAuto;
-  // kSockets: the longest sleep of the backstop timer (option backstop_ms;
-  // 0: no timer, sleep until a socket or the wake fd says so).
-  int64_t backstop_ns = kMaxBackstopNs;
-  bool backstop_set = false;
-  size_t flow_window = kDefaultFlowWindow;  // option flow_window (rxm only)
-  absl::Duration connect_timeout;
-};
-
-absl::StatusOr<Settings> LoadSettings(const FabricSpec& spec) {
-  const auto& global = Config::Global();
-  if (!global.ok()) return global.status();
-  Settings s;
-  s.prov = spec.spec;
-  s.connect_timeout = absl::Milliseconds(global->GetInt("connect_timeout_ms"));
-  for (const auto& [k, v] : spec.options) {
-    if (k == "iface" || k == "domain") {
-      s.iface = v;
-    } else if (k == "mr_local") {
-      if (v != "on" && v != "off") {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ofi option mr_local=", v, " is not on or off"),
-                         "write mr_local=on to pass descriptors for every buffer (as FI_MR_LOCAL demands)");
-      }
-      s.mr_local = v == "on";
-    } else if (k == "cq_wait") {
-      if (v == "fd") {
-        s.cq_wait = Settings::CqWait::kFd;
-      } else if (v == "none") {
-        s.cq_wait = Settings::CqWait::kNone;
-      } else if (v == "sockets") {
-        s.cq_wait = Settings::CqWait::kSockets;
-      } else {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ofi option cq_wait=", v, " is not fd, none or sockets"),
-                         "write cq_wait=fd (FI_WAIT_FD), cq_wait=none (FI_WAIT_NONE, for busy "
-                         "polling) or cq_wait=sockets (ofi:tcp only: wait on the endpoints' TCP "
-                         "sockets); leave it out for the default (sockets on ofi:tcp, else fd)");
-      }
-    } else if (k == "backstop_ms") {
-      int ms = -1;
-      if (!absl::SimpleAtoi(v, &ms) || ms < 0 || ms > 60000) {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("ofi option backstop_ms=", v, " is not a number of milliseconds "
-                                      "from 0 to 60000"),
-                         "write e.g. backstop_ms=64 (the default), or backstop_ms=0 for no timer");
-      }
-      s.backstop_ns = int64_t{ms} * 1000 * 1000;
-      s.backstop_set = true;
-    } else if (k == "flow_window") {
-      auto n = Config::ParseFlowWindow("ofi", v, "rxm");
-      if (!n.ok()) return n.status();
-      s.flow_window = *n;
-    } else if (absl::StartsWith(k, "FI_")) {
-      // libfabric reads FI_* parameters from the environment when a provider
-      // initialises, once per process.
-      const char* old = std::getenv(k.c_str());
-      if (old != nullptr && v != old) {
-        return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                         absl::StrCat("fabric option ", k, "=", v, " conflicts with the environment's ",
-                                      k, "=", old),
-                         "set it in one place: libfabric reads FI_* parameters once per process, "
-                         "when the first ofi fabric opens (zsock sets FI_OFI_RXM_MSG_RX_SIZE=128 and "
-                         "FI_OFI_RXM_CM_PROGRESS_INTERVAL=1000 then, unless they are set), so set it "
-                         "in the environment or in the first fabric's string");
-      }
-      ::setenv(k.c_str(), v.c_str(), 0);
-    } else {
-      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                       absl::StrCat("unknown ofi option '", k, "'"),
-                       "ofi accepts iface=<domain> (e.g. lo, eth0), mr_local=on|off, cq_wait=fd|none|sockets, "
-                       "backstop_ms=<ms>, flow_window=<messages> and FI_* "
-                       "libfabric parameters");
-    }
-  }
-  // Each zsock connection over rxm is an rxm endpoint with exactly one
-  // peer, but rxm 1.17 sizes the shared receive context of its tcp
-  // connections for many peers: 4096 bounce buffers of 16 KiB (64 MiB) per
-  // endpoint, about 88 MB resident per connection in all. 128 buffers (rxm's
-  // own size without a shared context) bring it to about 36 MB
-  // (docs/ofi.md). Only a default: the environment or an option wins.
-  ::setenv("FI_OFI_RXM_MSG_RX_SIZE", "128", 0);
-  // rxm runs its connection manager from fi_cq_read at most every
-  // FI_OFI_RXM_CM_PROGRESS_INTERVAL us (10 ms by default), and each step of
-  // connecting on first use (request, accept, established) waits for one,
-  // on both sides: a first message to a new peer took 20-30 ms, and an SDP
-  // connection over rxm 15.5 ms. At 1 ms: 6 ms per SDP connection, and the
-  // busy poll's ping-pong is unchanged (docs/ofi.md). Only a default.
-  ::setenv("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "1000", 0);
-  return s;
-}
-
-fi_info* MakeHints(const Settings& s, fi_ep_type type, uint64_t caps, int mr_mode) {
-  fi_info* hints = fi_allocinfo();
-  hints->ep_attr->type = type;
-  hints->caps = caps;
-  hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->domain_attr->mr_mode = mr_mode;
-  hints->domain_attr->threading = FI_THREAD_DOMAIN;
-  hints->tx_attr->msg_order = FI_ORDER_SAS;
-  hints->rx_attr->msg_order = FI_ORDER_SAS;
-  if (!s.prov.empty()) hints->fabric_attr->prov_name = strdup(s.prov.c_str());
-  if (!s.iface.empty()) hints->domain_attr->name = strdup(s.iface.c_str());
-  return hints;
-}
-
-absl::Status NoProvider(const Settings& s, fi_ep_type type, uint64_t caps, int rc) {
-  std::vector<std::string> names;
-  const std::string offers = OfferedProviders(&names);
-  const std::string fix = absl::StrCat("libfabric offers: ", offers);
-  for (absl::string_view part : absl::StrSplit(s.prov, ';', absl::SkipEmpty())) {
-    if (std::find(names.begin(), names.end(), part) != names.end()) continue;
-    if (std::find(std::begin(kKnownProviders), std::end(kKnownProviders), part) ==
-        std::end(kKnownProviders)) {
-      return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                       absl::StrCat("fi_getinfo: libfabric has no provider named '", part, "'"),
-                       absl::StrCat("write ofi:<provider> with one of them; ", fix));
-    }
-    std::string why;
-    if (part == "verbs") {
-      why = ::access("/sys/class/infiniband", F_OK) == 0
-                ? ": no usable RDMA device (libfabric's verbs provider did not initialise)"
-                : ": this host has no RDMA device (/sys/class/infiniband is absent)";
-    }
-    return MakeError(absl::StatusCode::kUnavailable, ENODEV,
-                     absl::StrCat("fi_getinfo: libfabric's ", part, " provider is not available here",
-                                  why.empty() ? ": it was not built in or found nothing to drive" : why),
-                     absl::StrCat("use a provider this host offers; ", fix));
-  }
-  // The provider exists; the endpoint type, domain or demands do not match.
-  fi_info* hints = MakeHints(s, type, caps, kMrModes | FI_MR_ENDPOINT);
-  fi_info* info = nullptr;
-  const bool wants_mr_endpoint = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, &info) == 0;
-  if (info) fi_freeinfo(info);
-  fi_freeinfo(hints);
-  if (wants_mr_endpoint) {
-    return MakeError(absl::StatusCode::kFailedPrecondition, EOPNOTSUPP,
-                     absl::StrCat("fi_getinfo: provider '", s.prov,
-                                  "' requires FI_MR_ENDPOINT (registrations bound to one endpoint)"),
-                     "zsock registrations serve every endpoint of a fabric; use another provider");
-  }
-  return MakeError(absl::StatusCode::kUnavailable, rc < 0 ? -rc : rc,
-                   absl::StrCat("fi_getinfo found no ", type == FI_EP_MSG ? "connected (FI_EP_MSG)" : "reliable-datagram (FI_EP_RDM)",
-                                " endpoint for provider '", s.prov.empty() ? "any" : s.prov, "'",
-                                s.iface.empty() ? "" : absl::StrCat(" on domain ", s.iface),
-                                " with messages", (caps & FI_RMA) ? " and RMA" : "", ": ",
-                                fi_strerror(rc < 0 ? -rc : rc)),
-                   absl::StrCat(s.iface.empty() ? "" : "check iface= (a domain name below); ", fix));
-}
 
 class OfiFabric;
 class OfiEndpoint;
@@ -530,75 +252,6 @@ thread_local bool RequestCache::t_gone = false;
 
 // ------------------------------------------------------------ memory
 
-// The domain lock. Domains are opened FI_THREAD_DOMAIN, so every call on a
-// domain and its objects is serialized here, fi_close of a memory
-// registration included. But registrations are revoked inside free() and
-// munmap() (core's release hooks) on any thread: one already inside
-// libfabric under this lock, or one holding locks that a holder of this
-// lock may wait for. Revoking therefore never blocks on it: the MR is closed
-// at once if the lock is free (TryLock), else parked here and closed by the
-// next holder, before it makes its own call. Hand-written: std::mutex has no
-// owner query and no hook at acquisition.
-class ABSL_LOCKABLE DomainMutex {
- public:
-  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
-    mu_.Lock();
-    owner_.store(pthread_self(), std::memory_order_relaxed);
-    ClosePending();
-  }
-  void Unlock() ABSL_UNLOCK_FUNCTION() {
-    ClosePending();
-    owner_.store(pthread_t{}, std::memory_order_relaxed);
-    mu_.Unlock();
-  }
-  // Closes `mr` now if the lock is free, else parks it for the next holder.
-  // Async-signal-safe in spirit: no allocation, no blocking.
-  void CloseMr(fid_mr* mr) noexcept {
-    if (!pthread_equal(owner_.load(std::memory_order_relaxed), pthread_self()) && mu_.TryLock()) {
-      owner_.store(pthread_self(), std::memory_order_relaxed);
-      fi_close(&mr->fid);
-      Unlock();
-      return;
-    }
-    for (auto& slot : pending_) {
-      fid_mr* expected = nullptr;
-      if (slot.compare_exchange_strong(expected, mr, std::memory_order_acq_rel)) {
-        npending_.fetch_add(1, std::memory_order_release);
-        return;
-      }
-    }
-    // Thousands of revocations parked at once: leave this MR open (the
-    // provider keeps its record; the memory itself is the caller's).
-  }
-
- private:
-  void ClosePending() {
-    while (npending_.load(std::memory_order_acquire) > 0) {
-      for (auto& slot : pending_) {
-        if (fid_mr* mr = slot.exchange(nullptr, std::memory_order_acq_rel)) {
-          npending_.fetch_sub(1, std::memory_order_acq_rel);
-          fi_close(&mr->fid);  // may park more (release hooks): the loop takes them
-        }
-      }
-    }
-  }
-
-  Mutex mu_;
-  std::atomic<pthread_t> owner_{};
-  std::atomic<int> npending_{0};
-  std::array<std::atomic<fid_mr*>, 4096> pending_{};
-};
-
-class ABSL_SCOPED_LOCKABLE DomLock {
- public:
-  explicit DomLock(DomainMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
-  ~DomLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
-  DomLock(const DomLock&) = delete;
-  DomLock& operator=(const DomLock&) = delete;
-
- private:
-  DomainMutex* const mu_;
-};
 
 // The fabric's private record of one registration: what AccessLocal checks
 // (never the range a key claims). `active` counts accesses in progress, so
@@ -1189,32 +842,6 @@ uint64_t RandomU64() {
   return v;
 }
 
-// `cq` is null once the endpoint bound to the CQ is closed: rxm 1.17's
-// fi_cq_strerror reads the first endpoint on the CQ's endpoint list, and
-// with none left it dereferences the list head (a crash seen in CI when a
-// connection closed with errors still queued), so then only fi_strerror.
-absl::Status CqError(fid_cq* cq, fi_cq_err_entry* err) {
-  char buf[256] = {};
-  const char* text =
-      cq != nullptr ? fi_cq_strerror(cq, err->prov_errno, err->err_data, buf, sizeof(buf)) : nullptr;
-  // Providers disagree on the sign (shm 1.17 reports -FI_ETRUNC).
-  int e = err->err < 0 ? -err->err : err->err;
-  if (e == FI_ETRUNC) {
-    return MakeError(absl::StatusCode::kOutOfRange, EMSGSIZE,
-                     absl::StrCat("a message of ", err->len + err->olen,
-                                  " bytes met a smaller receive and was discarded"),
-                     "post receive buffers as large as the largest message");
-  }
-  if (e == FI_ECANCELED) {
-    return MakeError(absl::StatusCode::kCancelled, ECANCELED, "the operation was cancelled");
-  }
-  return MakeError(absl::StatusCode::kAborted, e < 256 ? e : EIO,
-                   absl::StrCat("ofi operation failed: ", fi_strerror(e), " (provider: ",
-                                text ? text : "?", ")"),
-                   e == FI_EACCES || e == FI_EINVAL
-                       ? "the target refused the access: check the remote key, range and rights"
-                       : "the peer may have gone away; reconnect");
-}
 
 // Reads the completions now in `cq` (domain lock held by the caller) until a
 // read finds fewer than it asked for, handing each to `done(Request*, len,
@@ -2439,15 +2066,6 @@ absl::Status OpenEndpointCq(fid_domain* domain, bool wait_fd, fid_cq** cq, int* 
 
 // ------------------------------------------------------------ connections
 
-struct OfiHello {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t name_len;
-  uint32_t uid;  // effective uid: shm connects peers of one user only
-  uint32_t reserved;  // the sender's flow window (0: none), from flow control on
-  uint8_t name[256];
-};
-
 absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::Establish(Fd oob, std::string local,
                                                               std::string peer, CompletionQueue* cq,
                                                               absl::Time deadline) {
@@ -2616,16 +2234,6 @@ absl::StatusOr<std::unique_ptr<Endpoint>> OfiFabric::ConnectRdm(absl::string_vie
 }
 
 // ------------------------------------------------------------ connected (FI_EP_MSG) endpoints
-
-// Connection-request data: which half of a zsock connection this is.
-struct CmData {
-  uint32_t magic;
-  uint16_t version;
-  uint8_t kind;  // kCmData or kCmControl
-  uint8_t reserved;
-  uint64_t nonce;  // pairs the two halves
-};
-constexpr uint8_t kCmData = 0, kCmControl = 1;
 
 absl::Status OpenEq(fid_fabric* fabric, fid_eq** eq, int* fd) {
   fi_eq_attr attr{};
