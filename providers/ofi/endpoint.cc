@@ -199,15 +199,7 @@ void OfiEndpoint::ReportConsumedLocked() {
   poll_hint_ = true;
 }
 
-size_t OfiEndpoint::TakeInjectedLocked(CompletionList* out) {
-  const size_t n = injected_.size();
-  if (n == 0) return 0;
-  for (Completion& c : injected_) cq_->EmitSlot(out) = std::move(c);
-  injected_.clear();
-  return n;
-}
-
-void OfiEndpoint::RetryLocked(CompletionList* out) {
+void OfiEndpoint::RetryBacklogLocked(CompletionList* out) {
   if (credit_due_) ReportConsumedLocked();
   while (!backlog_.empty() && !dead_) {
     auto& [r, post] = backlog_.front();

@@ -90,7 +90,8 @@ absl::Status MsgEndpoint::FindSockets() {
   return absl::OkStatus();
 }
 
-absl::Status MsgEndpoint::Inject(const void* buf, size_t len) {
+// Inline: on Send's path.
+inline absl::Status MsgEndpoint::Inject(const void* buf, size_t len) {
   return InjectWith(
       buf, len, "fi_inject", [&] { return fi_inject(ep_, buf, len, 0); },
       [this](Request* req, void* desc) {

@@ -27,7 +27,8 @@ RdmEndpoint::RdmEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_av* av, f
   if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
 }
 
-absl::Status RdmEndpoint::Inject(const void* buf, size_t len) {
+// Inline, as TryInject: on Send's path.
+inline absl::Status RdmEndpoint::Inject(const void* buf, size_t len) {
   return InjectWith(
       buf, len, "fi_tinject", [&] { return fi_tinject(ep_, buf, len, peer_, kUserTag); },
       [this](Request* req, void* desc) {
@@ -44,7 +45,7 @@ absl::Status RdmEndpoint::Inject(const void* buf, size_t len) {
 // lock. ArmProvider looks at injected_ under the same lock, so WakeSleeper
 // here wakes a sleeper that missed it. *injected = false when it cannot go
 // now (a backlog to stay behind, or EAGAIN): the caller posts it normally.
-absl::Status RdmEndpoint::TryInject(const void* buf, size_t len, uint64_t context, bool* injected) {
+inline absl::Status RdmEndpoint::TryInject(const void* buf, size_t len, uint64_t context, bool* injected) {
   DomLock lock(&fab_->dom_mu());
   if (closed_ || dead_) return DownStatusLocked();
   if (!MayPostNowLocked()) return absl::OkStatus();
