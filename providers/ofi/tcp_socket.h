@@ -24,11 +24,11 @@ namespace zsock::ofi {
 // number now, one system call per fd: down to 0, and up until a long run
 // of closed numbers (at most `window` steps each way); then, if still not
 // found, every fd listed from /proc/self/fd. A scan of every fd in order
-// made setting up N connections quadratic (400 took 3.9 s, 6 s of system
-// time, against 1.3 s with FI_WAIT_FD), and listing /proc/self/fd costs
-// about 1 us per fd (256 connections set up at once fell back to it often
-// with a window of 128). The match is checked again on the duplicate, in
-// case another thread closed the fd and reused its number meanwhile.
+// made setting up N connections quadratic, and listing /proc/self/fd costs
+// a system call's worth per fd, so the listing is the last resort
+// (measured, docs/ofi.md "Waiting"). The match is checked again on the
+// duplicate, in case another thread closed the fd and reused its number
+// meanwhile.
 Fd FindTcpSocket(const sockaddr_storage& local, const sockaddr_storage& peer, int window = 1 << 20);
 
 // How far the owner of TCP socket `fd` has read: `*consumed`, the bytes
