@@ -72,7 +72,7 @@ absl::Status Engine::LocalKeys(const void* buf, size_t len, MemoryRegion* mr, ui
   if (rkey != nullptr) {
     auto k = DecodeKeyBlob(use->remote_key().blob);
     if (!k.ok()) return k.status();
-    *rkey = *k;
+    *rkey = k->rkey;
   }
   return absl::OkStatus();
 }
@@ -119,7 +119,7 @@ absl::Status Engine::Send(const void* buf, size_t len, MemoryRegion* mr, uint64_
       body.addr = reinterpret_cast<uint64_t>(op->owned.data());
       auto k = DecodeKeyBlob(op->owned_mr->remote_key().blob);
       if (!k.ok()) return k.status();
-      body.rkey = *k;
+      body.rkey = k->rkey;
     } else {
       body.addr = reinterpret_cast<uint64_t>(buf);
       uint32_t lkey = 0;

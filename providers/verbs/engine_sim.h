@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/local_keys.h"
 #include "core/provider.h"
 #include "providers/verbs/engine.h"
-#include "providers/verbs/reg_table.h"
 #include "providers/verbs/region.h"
 
 namespace zsock::verbs::sim {
@@ -54,7 +54,7 @@ class SimMemory : public Registrar {
     return addr >= m.addr && len <= m.len && addr - m.addr <= m.len - len &&
            (m.access & need) == need;
   }
-  RegTable table;
+  LocalKeyTable table{1 << 20};  // a fabric's default max_registrations
   int registrations = 0;
 
  private:

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/cq_cast.h"
 #include "core/fd.h"
 #include "core/status.h"
 #include "providers/verbs/cm.h"
@@ -58,12 +59,9 @@ std::string VerbsFabric::Hello() const {
 absl::StatusOr<std::unique_ptr<VerbsEndpoint>> VerbsFabric::MakeEndpoint(rdma_cm_id* id,
                                                                          rdma_event_channel* ch,
                                                                          CompletionQueue* cq) {
-  auto* vcq = dynamic_cast<VerbsCq*>(cq);
-  if (vcq == nullptr || vcq->fabric() != this) {
-    return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
-                     "the completion queue does not belong to this verbs fabric",
-                     "create the CQ with the same fabric as the endpoint");
-  }
+  auto of = CqOf<VerbsCq>(cq, "verbs", this);
+  if (!of.ok()) return of.status();
+  VerbsCq* vcq = *of;
   if (id->verbs != ctx_) {
     return MakeError(absl::StatusCode::kInvalidArgument, EXDEV,
                      absl::StrCat("the address is reached through RDMA device ",

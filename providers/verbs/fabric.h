@@ -1,7 +1,7 @@
 // VerbsFabric: one RDMA device's port as a zsock fabric. It holds the
 // device's librdmacm verbs context, one protection domain, optionally one
-// shared receive queue (srq=on) and the registration table for emulated
-// accesses; it creates completion queues, listeners and connections
+// shared receive queue (srq=on) and the LocalKeyTable of its registrations
+// for emulated accesses; it creates completion queues, listeners and connections
 // (connect.cc) and the endpoints on them.
 //
 // Where it lives: fabric.cc (registration, CQs, endpoints, the hello),
@@ -27,15 +27,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/local_keys.h"
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/provider.h"
+#include "core/slab.h"
 #include "core/status.h"
 #include "providers/verbs/engine.h"
-#include "providers/verbs/reg_table.h"
 #include "providers/verbs/region.h"
 #include "providers/verbs/settings.h"
-#include "core/slab.h"
 #include "providers/verbs/wire.h"
 
 namespace zsock::verbs {
@@ -88,14 +88,15 @@ class VerbsFabric final : public Fabric {
 
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t len,
                                                                uint32_t access) override {
-    return Register(&registrar_, &table_, addr, len, access);
+    return Register(&registrar_, local_keys_.get(), addr, len, access);
   }
 
+  // Trusts only the table: the range a RemoteKey claims is not checked.
   absl::Status AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len, uint32_t access,
                            absl::FunctionRef<void(void*)> fn) override {
-    auto key = DecodeKeyBlob(rkey.blob);
-    if (!key.ok()) return key.status();
-    return table_.Access(*key, addr, len, access, fn);
+    auto blob = DecodeKeyBlob(rkey.blob);
+    if (!blob.ok()) return blob.status();
+    return local_keys_->Access(blob->key, addr, len, access, fn);
   }
 
   absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq() override;
@@ -156,7 +157,8 @@ class VerbsFabric final : public Fabric {
   std::string local_ip_;
   std::string device_name_;
   Capabilities caps_;
-  RegTable table_;
+  // Made in Setup with settings_.max_registrations slots.
+  std::unique_ptr<LocalKeyTable> local_keys_;
   IbvRegistrar registrar_{nullptr};
 };
 

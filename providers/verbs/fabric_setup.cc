@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -95,6 +96,7 @@ absl::Status VerbsFabric::Setup(const FabricSpec& spec) {
   auto settings = ParseSettings(spec);
   if (!settings.ok()) return settings.status();
   settings_ = *settings;
+  local_keys_ = std::make_unique<LocalKeyTable>(settings_.max_registrations);
   if (auto st = InitFork(); !st.ok()) return st;
   auto descs = OpenDevices();
   if (!descs.ok()) return descs.status();

@@ -1,7 +1,8 @@
 // The verbs provider's registrations: a Registrar seam between them and
 // the device (ibv_reg_mr / ibv_dereg_mr in the provider, a fake in tests),
-// VerbsRegion over it, recorded in the target's RegTable for emulated
-// accesses, and the lkey of a region for work requests.
+// VerbsRegion over it, recorded in the fabric's LocalKeyTable (the record
+// core's emulated accesses are checked against), and the lkey of a region
+// for work requests.
 #ifndef ZSOCK_PROVIDERS_VERBS_REGION_H_
 #define ZSOCK_PROVIDERS_VERBS_REGION_H_
 
@@ -11,8 +12,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "core/local_keys.h"
 #include "core/provider.h"
-#include "providers/verbs/reg_table.h"
 
 namespace zsock::verbs {
 
@@ -31,12 +32,14 @@ class Registrar {
   virtual void Deregister(void* handle) noexcept = 0;
 };
 
-// One registration. Revoke deregisters at once (the HCA then refuses the
-// rkey); the destructor deregisters if Revoke did not.
+// One registration, live in `table` under `key`. Revoke refuses the key
+// (waiting for emulated accesses in progress) and deregisters at once (the
+// HCA then refuses the rkey); the destructor revokes if Revoke did not and
+// frees the key's slot.
 class VerbsRegion final : public MemoryRegion {
  public:
-  VerbsRegion(Registrar* registrar, RegTable* table, void* addr, size_t len, uint32_t access,
-              Registrar::Keys keys);
+  VerbsRegion(Registrar* registrar, LocalKeyTable* table, LocalKeyTable::Key key, void* addr,
+              size_t len, uint32_t access, Registrar::Keys keys);
   ~VerbsRegion() override;
   void* desc() const override { return const_cast<uint32_t*>(&lkey_); }
   uint32_t lkey() const { return lkey_; }
@@ -47,15 +50,16 @@ class VerbsRegion final : public MemoryRegion {
 
  private:
   Registrar* registrar_;
-  RegTable* table_;
-  std::shared_ptr<RegTable::Entry> entry_;
+  LocalKeyTable* table_;
+  LocalKeyTable::Key key_;
   std::atomic<void*> handle_;
   uint32_t lkey_;
   uint32_t rkey_;
 };
 
-// Registers through `registrar` and records the region in `table`.
-absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(Registrar* registrar, RegTable* table,
+// Records the region in `table`, then registers it through `registrar`.
+// ResourceExhausted when `table` is full (the fix names max_registrations).
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(Registrar* registrar, LocalKeyTable* table,
                                                        void* addr, size_t len, uint32_t access);
 
 // The lkey of a region this provider made (desc() points at it).

@@ -76,11 +76,12 @@ absl::Status ApplyOption(const std::string& k, const std::string& v, Settings* s
   if (k == "retry_count") return number(0, 7, &s->retry_count);
   if (k == "fork") return on_off(&s->fork);
   if (k == "connect_timeout_ms") return number(1, 3600 * 1000, &s->connect_timeout_ms);
+  if (k == "max_registrations") return number(1, 1 << 24, &s->max_registrations);
   return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                    absl::StrCat("unknown verbs option '", k, "'"),
                    "verbs accepts port, gid_index, inline, srq, cq_depth, sq_depth, "
-                   "recv_depth, eager, rnr_retry, retry_count, fork, connect_timeout_ms "
-                   "(docs/verbs.md)");
+                   "recv_depth, eager, rnr_retry, retry_count, fork, connect_timeout_ms, "
+                   "max_registrations (docs/verbs.md)");
 }
 
 // "mlx5_0 (ports: 1 DOWN, 2 ACTIVE); rxe0 (ports: 1 ACTIVE)", for errors.

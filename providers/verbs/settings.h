@@ -33,6 +33,9 @@ struct Settings {
   int retry_count = 7;      // transport retries before RETRY_EXC_ERR
   bool fork = true;         // call ibv_fork_init (see docs/verbs.md)
   int connect_timeout_ms = 10000;
+  // Live registrations the fabric's key table holds (slots are allocated
+  // as registrations arrive, so a large limit costs little).
+  uint32_t max_registrations = 1u << 20;
 };
 
 // Syntax and ranges only (no device needed). Unknown options are errors

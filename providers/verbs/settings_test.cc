@@ -34,12 +34,14 @@ TEST(Settings, Defaults) {
   EXPECT_TRUE(s->fork);
   EXPECT_EQ(s->rnr_retry, 7);
   EXPECT_GT(s->eager_size, kHeaderSize);
+  EXPECT_EQ(s->max_registrations, 1u << 20);
 }
 
 TEST(Settings, DeviceAndOptions) {
   auto s = ParseSettings(Spec(
       "verbs:mlx5_0?port=2&gid_index=3&inline=128&srq=on&cq_depth=4096&sq_depth=512&"
-      "recv_depth=64&eager=16k&rnr_retry=3&retry_count=5&fork=off&connect_timeout_ms=2500"));
+      "recv_depth=64&eager=16k&rnr_retry=3&retry_count=5&fork=off&connect_timeout_ms=2500&"
+      "max_registrations=4k"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->device, "mlx5_0");
   EXPECT_EQ(s->port, 2);
@@ -54,6 +56,7 @@ TEST(Settings, DeviceAndOptions) {
   EXPECT_EQ(s->retry_count, 5);
   EXPECT_FALSE(s->fork);
   EXPECT_EQ(s->connect_timeout_ms, 2500);
+  EXPECT_EQ(s->max_registrations, 4096u);
 }
 
 TEST(Settings, UnknownOptionListsTheAcceptedOnes) {
@@ -61,7 +64,8 @@ TEST(Settings, UnknownOptionListsTheAcceptedOnes) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.status().message(), "unknown verbs option 'ports'"));
-  for (const char* key : {"port", "gid_index", "inline", "srq", "cq_depth", "sq_depth"}) {
+  for (const char* key :
+       {"port", "gid_index", "inline", "srq", "cq_depth", "sq_depth", "max_registrations"}) {
     EXPECT_TRUE(absl::StrContains(s.status().message(), key)) << key;
   }
 }
@@ -83,6 +87,8 @@ TEST(Settings, BadValuesAreRefusedWithTheRange) {
            {"verbs?eager=1", "eager=1"},
            {"verbs?eager=4m", "eager=4m"},
            {"verbs?cq_depth=100", "cq_depth=100"},  // below sq + recv depth
+           {"verbs?max_registrations=0", "1 to 16777216"},
+           {"verbs?max_registrations=17m", "max_registrations=17m"},
            {"verbs:mlx5 0", "not an RDMA device name"},
            {"verbs:../etc", "not an RDMA device name"},
        }) {

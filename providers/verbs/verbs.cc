@@ -29,8 +29,8 @@
 // verbs_core target): settings.h (configuration, device selection,
 // addresses), wire.h (key blob, hello, message header), work_request.h
 // (access flags, work requests, completion errors), matcher.h, credits.h,
-// region.h and reg_table.h (registrations), core/slab.h, and the message engine
-// (engine.h, over a Transport seam). On the device (this target): fabric.h
+// region.h (registrations, recorded in core/local_keys.h's table),
+// core/slab.h, and the message engine (engine.h, over a Transport seam). On the device (this target): fabric.h
 // (the fabric; fabric_setup.cc opens the device), cq.h, endpoint.h,
 // connect.cc (listen, accept, connect) and cm.h (librdmacm helpers); this
 // file registers the provider.

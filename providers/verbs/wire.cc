@@ -21,22 +21,27 @@ uint64_t GetU64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v;
 
 // ------------------------------------------------------------ remote keys
 
-std::vector<uint8_t> EncodeKeyBlob(uint32_t rkey) {
+std::vector<uint8_t> EncodeKeyBlob(const KeyBlob& k) {
   std::vector<uint8_t> b(kKeyBlobSize, 0);
   b[0] = kKeyBlobVersion;
-  PutU32(b.data() + 4, rkey);
+  PutU32(b.data() + 4, k.rkey);
+  LocalKeyTable::Encode(k.key, b.data() + 8);
   return b;
 }
 
-absl::StatusOr<uint32_t> DecodeKeyBlob(const std::vector<uint8_t>& blob) {
+absl::StatusOr<KeyBlob> DecodeKeyBlob(const std::vector<uint8_t>& blob) {
   if (blob.size() != kKeyBlobSize || blob[0] != kKeyBlobVersion || blob[1] != 0 || blob[2] != 0 ||
       blob[3] != 0) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                      absl::StrCat("remote key blob of ", blob.size(),
-                                  " bytes is not a verbs key (version 1, 8 bytes)"),
+                                  " bytes is not a verbs key (version ", int{kKeyBlobVersion},
+                                  ", ", kKeyBlobSize, " bytes)"),
                      "pass the key a verbs fabric's registration produced, unchanged");
   }
-  return GetU32(blob.data() + 4);
+  KeyBlob k;
+  k.rkey = GetU32(blob.data() + 4);
+  k.key = LocalKeyTable::Decode(blob.data() + 8);
+  return k;
 }
 
 // ------------------------------------------------------------ private data

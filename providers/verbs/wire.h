@@ -11,16 +11,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/local_keys.h"
 
 namespace zsock::verbs {
 
 // ------------------------------------------------------------ remote keys
 
-// The RemoteKey blob: u8 version (1) | u8 flags | u16 reserved | u32 rkey.
-constexpr size_t kKeyBlobSize = 8;
-constexpr uint8_t kKeyBlobVersion = 1;
-std::vector<uint8_t> EncodeKeyBlob(uint32_t rkey);
-absl::StatusOr<uint32_t> DecodeKeyBlob(const std::vector<uint8_t>& blob);
+// The RemoteKey blob: u8 version (2) | u8 flags (0) | u16 reserved (0) |
+// u32 rkey | u32 slot | u32 generation. A peer uses only the rkey (in its
+// work requests, checked by the HCA); slot and generation name the
+// registration in the target's LocalKeyTable, which checks the emulated
+// accesses core performs for the peer. Both ends run the same build.
+struct KeyBlob {
+  uint32_t rkey = 0;
+  LocalKeyTable::Key key;
+};
+constexpr size_t kKeyBlobSize = 8 + LocalKeyTable::kEncodedSize;
+constexpr uint8_t kKeyBlobVersion = 2;
+std::vector<uint8_t> EncodeKeyBlob(const KeyBlob& k);
+absl::StatusOr<KeyBlob> DecodeKeyBlob(const std::vector<uint8_t>& blob);
 
 // ------------------------------------------------------------ private data
 

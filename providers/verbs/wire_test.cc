@@ -23,19 +23,23 @@ TEST(RemoteKeys, BlobRoundTripThroughSerialize) {
   k.addr = 0x7f0012345000;
   k.length = 65536;
   k.access = kRemoteRead | kRemoteWrite;
-  k.blob = EncodeKeyBlob(0xdeadbeef);
+  k.blob = EncodeKeyBlob({0xdeadbeef, {0x123456, 0x89abcdef}});
+  EXPECT_EQ(k.blob.size(), 16u);
+  EXPECT_EQ(k.blob[0], 2);  // the version
   auto parsed = RemoteKey::Parse(k.Serialize());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->addr, k.addr);
   EXPECT_EQ(parsed->length, k.length);
   EXPECT_EQ(parsed->access, k.access);
-  auto rkey = DecodeKeyBlob(parsed->blob);
-  ASSERT_TRUE(rkey.ok());
-  EXPECT_EQ(*rkey, 0xdeadbeefu);
+  auto blob = DecodeKeyBlob(parsed->blob);
+  ASSERT_TRUE(blob.ok());
+  EXPECT_EQ(blob->rkey, 0xdeadbeefu);
+  EXPECT_EQ(blob->key.slot, 0x123456u);
+  EXPECT_EQ(blob->key.gen, 0x89abcdefu);
 }
 
 TEST(RemoteKeys, HostileBlobsAreRefused) {
-  std::vector<uint8_t> good = EncodeKeyBlob(7);
+  std::vector<uint8_t> good = EncodeKeyBlob({7, {1, 1}});
   EXPECT_FALSE(DecodeKeyBlob({}).ok());
   EXPECT_FALSE(DecodeKeyBlob(std::vector<uint8_t>(good.begin(), good.end() - 1)).ok());
   auto longer = good;
@@ -46,13 +50,17 @@ TEST(RemoteKeys, HostileBlobsAreRefused) {
     bad[i] ^= 0x40;
     EXPECT_FALSE(DecodeKeyBlob(bad).ok()) << "byte " << i;
   }
+  // A version 1 key (no table key) is refused.
+  std::vector<uint8_t> v1(8, 0);
+  v1[0] = 1;
+  EXPECT_FALSE(DecodeKeyBlob(v1).ok());
   // Random bytes never crash; they decode only when they look like a key.
   std::mt19937 rng(1);
   for (int i = 0; i < 20000; ++i) {
-    std::vector<uint8_t> b(rng() % 12);
-    for (auto& x : b) x = static_cast<uint8_t>(rng() % 3 == 0 ? 0 : rng());
+    std::vector<uint8_t> b(rng() % 20);
+    for (auto& x : b) x = static_cast<uint8_t>(rng() % 3 == 0 ? (rng() % 3) : rng());
     auto r = DecodeKeyBlob(b);
-    EXPECT_EQ(r.ok(), b.size() == 8 && b[0] == 1 && b[1] == 0 && b[2] == 0 && b[3] == 0);
+    EXPECT_EQ(r.ok(), b.size() == 16 && b[0] == 2 && b[1] == 0 && b[2] == 0 && b[3] == 0);
     std::string s(reinterpret_cast<const char*>(b.data()), b.size());
     (void)RemoteKey::Parse(s);
   }

@@ -134,7 +134,7 @@ absl::StatusOr<uint32_t> CheckRemote(const RemoteKey& key, uint64_t remote_addr,
                                   need == kRemoteRead ? "remote read" : need == kRemoteWrite ? "remote write" : "remote atomics"),
                      "register the target memory with that access");
   }
-  return *rkey;
+  return rkey->rkey;
 }
 
 // ------------------------------------------------------------ work requests

@@ -44,7 +44,7 @@ RemoteKey Key(uint64_t addr, uint64_t len, uint32_t access) {
   k.addr = addr;
   k.length = len;
   k.access = access;
-  k.blob = EncodeKeyBlob(0x1234);
+  k.blob = EncodeKeyBlob({0x1234, {5, 7}});
   return k;
 }
 
