@@ -258,8 +258,11 @@ std::shared_ptr<MemoryRegion> RegistrationCache::InstallLocked(
   entry->lru_pos = lru_.begin();
   ++stats_.entries;
   stats_.bytes += entry->bytes();
+  // Taken before eviction, which may evict this very entry (over the limits
+  // on its own): the caller still gets the registration.
+  std::shared_ptr<MemoryRegion> region = entry->region;
   EvictLocked(dead);
-  return entry->region;
+  return region;
 }
 
 absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
