@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/cq.h"
 #include "core/provider.h"
 #include "gtest/gtest.h"
 
@@ -73,9 +74,9 @@ TEST(AdaptiveSpin, ACeilingAtTheFloorKeepsTheSpinFixed) {
 }
 
 // A CQ with a wake eventfd only: a completion comes from Push.
-class PushCq final : public CompletionQueue {
+class PushCq final : public CqBase {
  public:
-  explicit PushCq(SpinBounds spin) : CompletionQueue(spin) {}
+  explicit PushCq(SpinBounds spin) : CqBase(spin) {}
   int wait_fd() const override { return wake_fd(); }
 
  protected:

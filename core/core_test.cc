@@ -14,6 +14,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "core/config.h"
+#include "core/cq.h"
 #include "core/flow_window.h"
 #include "core/provider.h"
 #include "core/status.h"
@@ -167,7 +168,7 @@ TEST(Status, CarriesErrnoCauseAndFix) {
 
 // A CompletionQueue whose provider never has anything: wait_fd is core's
 // wake eventfd alone, so what it shows is what Wake/Arm/Push did.
-class BareCq final : public CompletionQueue {
+class BareCq final : public CqBase {
  public:
   int wait_fd() const override { return wake_fd(); }
   bool Readable() const {
@@ -217,7 +218,7 @@ TEST(CompletionQueue, WakeUpsAreWrittenOncePerSleepAndNeverLost) {
 
 // A provider CQ whose Progress reports `contexts` through DirectSlot when it
 // can and Push when it cannot (as ucx reports a finished receive).
-class SlotCq final : public CompletionQueue {
+class SlotCq final : public CqBase {
  public:
   int wait_fd() const override { return wake_fd(); }
   std::vector<uint64_t> contexts;
@@ -274,7 +275,7 @@ TEST(CompletionQueue, DirectSlotsFillPollsOutputInOrder) {
 
 // A provider CQ whose Progress gathers completions as ofi and unet do: each
 // through EmitSlot into a list it pushes afterwards (PushAll).
-class GatherCq final : public CompletionQueue {
+class GatherCq final : public CqBase {
  public:
   int wait_fd() const override { return wake_fd(); }
   std::vector<uint64_t> contexts;

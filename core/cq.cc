@@ -1,4 +1,4 @@
-// CompletionQueue: the ready list, Poll, and adaptive spin-then-block Wait.
+// CqBase: the ready list, Poll, and adaptive spin-then-block Wait.
 #include <poll.h>
 
 #include <sys/eventfd.h>
@@ -12,7 +12,7 @@
 #include "core/config.h"
 #include "core/mutex.h"
 #include "core/log.h"
-#include "core/provider.h"
+#include "core/cq.h"
 #include "core/status.h"
 
 namespace zsock {
@@ -24,7 +24,7 @@ namespace {
 // queued ahead of them (then no lock, no queue). Nested polls (a provider
 // polling another CQ inside Progress) save and restore it.
 struct DirectSink {
-  const CompletionQueue* cq;
+  const CqBase* cq;
   Completion* out;
   size_t cap;
   size_t n;
@@ -33,9 +33,9 @@ thread_local DirectSink* t_sink = nullptr;
 
 }  // namespace
 
-CompletionQueue::CompletionQueue() : CompletionQueue(ConfiguredSpin()) {}
+CqBase::CqBase() : CqBase(ConfiguredSpin()) {}
 
-CompletionQueue::CompletionQueue(SpinBounds spin)
+CqBase::CqBase(SpinBounds spin)
     : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin) {
   if (wake_fd_ < 0) {
     ZS_LOG(kError, "eventfd for a completion queue failed (%s): cross-thread wakeups are lost",
@@ -43,11 +43,11 @@ CompletionQueue::CompletionQueue(SpinBounds spin)
   }
 }
 
-CompletionQueue::~CompletionQueue() {
+CqBase::~CqBase() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-bool CompletionQueue::PushDirect(Completion& c) {
+bool CqBase::PushDirect(Completion& c) {
   DirectSink* sink = t_sink;
   if (sink == nullptr || sink->cq != this || sink->n == sink->cap ||
       ready_size_.load(std::memory_order_acquire) != 0) {
@@ -57,7 +57,7 @@ bool CompletionQueue::PushDirect(Completion& c) {
   return true;
 }
 
-Completion* CompletionQueue::DirectSlot() {
+Completion* CqBase::DirectSlot() {
   DirectSink* sink = t_sink;
   if (sink == nullptr || sink->cq != this || sink->n == sink->cap ||
       ready_size_.load(std::memory_order_acquire) != 0) {
@@ -66,9 +66,9 @@ Completion* CompletionQueue::DirectSlot() {
   return &sink->out[sink->n++];
 }
 
-void CompletionQueue::Push(Completion c) { PushAll(std::span<Completion>(&c, 1)); }
+void CqBase::Push(Completion c) { PushAll(std::span<Completion>(&c, 1)); }
 
-void CompletionQueue::PushAll(std::span<Completion> cs) {
+void CqBase::PushAll(std::span<Completion> cs) {
   size_t i = 0;
   while (i < cs.size() && PushDirect(cs[i])) ++i;
   if (i == cs.size()) return;
@@ -83,7 +83,7 @@ void CompletionQueue::PushAll(std::span<Completion> cs) {
   if (wake) Wake();
 }
 
-void CompletionQueue::Wake() {
+void CqBase::Wake() {
   if (wake_fd_ < 0) return;
   // A wake-up not yet drained (DrainWake, in Arm) keeps wait_fd readable:
   // no second write(2). Providers call WakeSleeper for every operation
@@ -101,7 +101,7 @@ void CompletionQueue::Wake() {
   (void)rc;  // EAGAIN: the counter is already non-zero
 }
 
-void CompletionQueue::DrainWake() {
+void CqBase::DrainWake() {
   // Read first, then clear (Wake). Always read: a Wake that set the flag
   // between our read and our clear writes after it, and a drain that
   // trusted the cleared flag would leave wait_fd readable for good (every
@@ -111,7 +111,7 @@ void CompletionQueue::DrainWake() {
   wake_pending_.store(false, std::memory_order_seq_cst);
 }
 
-size_t CompletionQueue::Poll(std::span<Completion> out) {
+size_t CqBase::Poll(std::span<Completion> out) {
   // No DrainWake here: the wake-up belongs to whoever sleeps on wait_fd. A
   // thread polling beside a sleeper (the SDP engine's application threads
   // beside its progress thread) would otherwise swallow the sleeper's
@@ -140,7 +140,7 @@ size_t CompletionQueue::Poll(std::span<Completion> out) {
   return n;
 }
 
-bool CompletionQueue::Arm() {
+bool CqBase::Arm() {
   // A notification from before this call has done its job (the caller
   // polls after every wakeup, and ArmProvider checks the real state below):
   // left in place it keeps wait_fd readable, and every later sleep on it
@@ -164,8 +164,7 @@ bool CompletionQueue::Arm() {
   return false;
 }
 
-absl::StatusOr<size_t> CompletionQueue::Wait(std::span<Completion> out,
-                                             absl::Duration timeout) {
+absl::StatusOr<size_t> CqBase::Wait(std::span<Completion> out, absl::Duration timeout) {
   const int64_t spin_ns = spin_.budget_ns();
   const int64_t start = absl::GetCurrentTimeNanos();
   const int64_t deadline = timeout == absl::InfiniteDuration()

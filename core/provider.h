@@ -14,31 +14,29 @@
 //    control channel (SendControl / DeliverControl) once, in core. The
 //    provider reports kEmulated for it in Capabilities.
 //  - Nothing requires a spinning thread: CompletionQueue::wait_fd() becomes
-//    readable whenever Progress() may have work, after a successful Arm().
+//    readable whenever the provider's progress may have work, after a
+//    successful Arm().
 //  - Errors are built with MakeError/ErrnoError (core/status.h) and say what
 //    to do about them.
 #ifndef ZSOCK_CORE_PROVIDER_H_
 #define ZSOCK_CORE_PROVIDER_H_
 
 #include <cstddef>
-#include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/adaptive_spin.h"
-#include "core/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/mutex.h"
 
 namespace zsock {
 
@@ -169,103 +167,38 @@ struct Completion {
   absl::Status status;
 };
 
-// A queue of completions from one or more endpoints. The provider implements
-// Progress/Arm/wait_fd; core implements Poll and the adaptive Wait.
+// A queue of completions from one or more endpoints. This is the interface
+// the SDP engine and applications use; every provider's CQ derives from
+// core's CqBase (core/cq.h), which holds the ready list, the spin-then-block
+// Wait and the wake-up protocol, and leaves the provider its Progress,
+// ArmProvider and wait_fd.
 class CompletionQueue {
  public:
-  CompletionQueue();
-  // With its own spin bounds instead of spin_us / spin_max_us.
-  explicit CompletionQueue(SpinBounds spin);
-  virtual ~CompletionQueue();
+  virtual ~CompletionQueue() = default;
 
   // Moves up to out.size() completions into `out`, driving progress first.
   // Never blocks. Returns how many were written.
-  size_t Poll(std::span<Completion> out);
+  virtual size_t Poll(std::span<Completion> out) = 0;
 
   // Waits until at least one completion is available or `timeout` passes
   // (then returns 0). Spins, then blocks on wait_fd(); a spinning thread is
-  // never required. The spin starts at spin_us and adapts between it and
-  // spin_max_us to how soon this CQ's waits find their completions
-  // (core/adaptive_spin.h).
-  absl::StatusOr<size_t> Wait(std::span<Completion> out, absl::Duration timeout);
-  // How long the next Wait spins, and how many Waits spun out without
-  // finding anything (and slept, unless Arm found work already pending),
-  // for tests and statistics.
-  int64_t spin_budget_ns() const { return spin_.budget_ns(); }
-  uint64_t wait_sleeps() const { return wait_sleeps_.load(std::memory_order_relaxed); }
+  // never required.
+  virtual absl::StatusOr<size_t> Wait(std::span<Completion> out,
+                                      absl::Duration timeout) = 0;
 
   // A file descriptor for poll/epoll: readable when Poll may return entries.
   // Protocol: call Arm(); if it returns true, sleep on wait_fd(); after
-  // waking, Poll. If Arm() returns false, entries are already pending.
-  // Arm() first clears the previous wake-up (ClearWakeup), so an idle armed
-  // CQ's fd is not readable (conformance: WaitThroughCqFdInEpoll).
+  // waking, Poll. If Arm() returns false, entries are already pending. An
+  // idle armed CQ's fd is not readable (conformance: WaitThroughCqFdInEpoll).
   virtual int wait_fd() const = 0;
-  bool Arm();
+  virtual bool Arm() = 0;
 
-  // Called by providers (and core emulation) to report a completion. Wakes a
-  // thread sleeping on wait_fd() after Arm().
-  void Push(Completion c);
-  // Push for a batch, under one lock (moves from `cs`).
-  void PushAll(std::span<Completion> cs);
-  // Push without building and moving a Completion, for a provider's
-  // Progress that reports an operation while Poll runs it on this thread
-  // with nothing queued ahead: the next slot of Poll's output, which the
-  // caller must fill completely (it holds an old value). Null otherwise;
-  // then Push.
-  Completion* DirectSlot();
-  // The slot for a provider's next completion while its progress gathers
-  // completions in `pending` to push later (PushAll, once its locks are
-  // released): DirectSlot() while `pending` is empty, else a new element of
-  // `pending`. Either way in order; the caller sets every field. Saves a
-  // Completion built, moved into `pending`, moved again by the push and
-  // destroyed, for each one a polling caller takes at once.
-  template <typename List>
-  Completion& EmitSlot(List* pending) {
-    if (pending->empty()) {
-      if (Completion* slot = DirectSlot(); slot != nullptr) return *slot;
-    }
-    return pending->emplace_back();
-  }
-  // Wakes a thread sleeping on wait_fd() after Arm(), for providers that
-  // create work outside Progress (e.g. a receive posted for a message that
-  // already arrived).
-  void Wake();
-  // Wake, only if a thread armed the CQ (Arm) and may sleep on wait_fd().
-  // The caller must hold the lock its ArmProvider's check takes, so that an
-  // Arm racing with it either sees the caller's work or is seen here.
-  void WakeSleeper() {
-    if (armed_.load(std::memory_order_acquire)) Wake();
-  }
-
- protected:
-  // An eventfd that Push and Wake signal; providers must include it in the
-  // set wait_fd() reports (e.g. add it to their epoll set).
-  int wake_fd() const { return wake_fd_; }
-
-  // Drives the provider: moves incoming messages, finishes operations and
-  // calls Push for each. Returns the number of events handled.
-  virtual size_t Progress() = 0;
-  // Provider part of Arm(): enable notification for new events; false if
-  // events are already pending.
-  virtual bool ArmProvider() = 0;
-  // Clears the notification (drains the eventfd, ...) after a wakeup.
-  virtual void ClearWakeup() {}
-
- private:
-  void DrainWake();
-  // Push's fast path: into the output of a Poll running on this thread.
-  bool PushDirect(Completion& c);
-
-  Mutex mu_;
-  std::deque<Completion> ready_ ABSL_GUARDED_BY(mu_);
-  std::atomic<size_t> ready_size_{0};  // ready_.size(), readable without mu_
-  // A waiter may sleep on wait_fd. Written under mu_; WakeSleeper reads it
-  // without.
-  std::atomic<bool> armed_{false};
-  int wake_fd_ = -1;
-  std::atomic<bool> wake_pending_{false};
-  AdaptiveSpin spin_;
-  std::atomic<uint64_t> wait_sleeps_{0};
+  // Reports a completion (providers, core emulation). Wakes a thread
+  // sleeping on wait_fd() after Arm().
+  virtual void Push(Completion c) = 0;
+  // Wakes a thread sleeping on wait_fd() after Arm(), for work created
+  // outside Progress (e.g. a receive posted for a message already there).
+  virtual void Wake() = 0;
 };
 
 // Per-connection facts, available once connected.

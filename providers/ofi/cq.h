@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "core/cq.h"
 #include "core/fd.h"
 #include "core/mutex.h"
 #include "core/provider.h"
@@ -49,7 +50,7 @@ inline constexpr int64_t kMinBackstopNs = 1000 * 1000;
 // than a few, which then need no allocation.
 using CompletionList = absl::InlinedVector<Completion, 8>;
 
-class OfiCq final : public CompletionQueue {
+class OfiCq final : public CqBase {
  public:
   // `fi_waits`: the fi CQs have FI_WAIT_FD objects, and the timer is a
   // backstop of a fixed `backstop_ns`; with `sockets` it is a backstop that

@@ -1,6 +1,6 @@
 // The tcp CQ: progress is one epoll_wait, with no timeout, over the
 // endpoints' sockets and a turn for each endpoint it names. Sleeping is
-// core's: CompletionQueue::Wait polls wait_fd, this same epoll set, which
+// core's: CqBase::Wait polls wait_fd, this same epoll set, which
 // also holds core's wake fd.
 #include <sys/epoll.h>
 

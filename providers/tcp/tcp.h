@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/cq.h"
 #include "core/fd.h"
 #include "core/local_keys.h"
 #include "core/mutex.h"
@@ -99,7 +100,7 @@ class TcpEndpoint;  // endpoint.cc
 
 // The CQ: an epoll set of its endpoints' sockets (data.ptr: the endpoint)
 // and core's wake fd (data.ptr: null).
-class TcpCq final : public CompletionQueue {
+class TcpCq final : public CqBase {
  public:
   static absl::StatusOr<std::unique_ptr<TcpCq>> Create(TcpFabric* fabric);
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/cq.h"
 #include "core/fd.h"
 #include "core/mutex.h"
 #include "core/provider.h"
@@ -32,7 +33,7 @@ class UcxEndpoint;
 class UcxFabric;
 class Worker;
 
-class UcxCq final : public CompletionQueue {
+class UcxCq final : public CqBase {
  public:
   static absl::StatusOr<std::unique_ptr<UcxCq>> Create(UcxFabric* fabric);
   ~UcxCq() override;

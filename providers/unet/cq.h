@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "core/cq.h"
 #include "core/fd.h"
 #include "core/liveness.h"
 #include "core/mutex.h"
@@ -31,7 +32,7 @@ namespace zsock::unet {
 
 class UnetEndpoint;
 
-class UnetCq final : public CompletionQueue {
+class UnetCq final : public CqBase {
  public:
   static absl::StatusOr<std::unique_ptr<UnetCq>> Create();
   ~UnetCq() override;

@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "core/cq.h"
 #include "core/fd.h"
 #include "core/mutex.h"
 #include "core/provider.h"
@@ -24,7 +25,7 @@ namespace zsock::verbs {
 class VerbsFabric;
 class VerbsEndpoint;
 
-class VerbsCq final : public CompletionQueue {
+class VerbsCq final : public CqBase {
  public:
   VerbsCq(VerbsFabric* fabric, ibv_comp_channel* channel, Fd epoll)
       : fabric_(fabric), channel_(channel), epoll_(std::move(epoll)) {
