@@ -198,6 +198,21 @@ RegistrationCache::~RegistrationCache() {
   DestroyChain(std::move(dead));
 }
 
+namespace {
+
+// Get's error when every attempt's range was released while registering.
+absl::Status StaleError(uintptr_t start, uintptr_t end) {
+  return ErrnoError(
+      EAGAIN,
+      absl::StrFormat("rcache: memory in [%#x, %#x) was released while it "
+                      "was being registered, %d times in a row",
+                      start, end, kMaxAttempts),
+      "retry; if the buffer itself was released, the caller has a "
+      "use-after-free");
+}
+
+}  // namespace
+
 std::shared_ptr<MemoryRegion> RegistrationCache::HitOrPendLocked(
     uintptr_t start, uintptr_t end, uint32_t access, bool merge, bool count,
     Pending* pending, uint32_t* reg_access) {
@@ -265,6 +280,16 @@ std::shared_ptr<MemoryRegion> RegistrationCache::InstallLocked(
   return region;
 }
 
+absl::StatusOr<std::shared_ptr<RegistrationCache::Entry>> RegistrationCache::Register(
+    const Pending& pending, uint32_t access) {
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> reg =
+      register_(reinterpret_cast<void*>(pending.start), pending.end - pending.start, access);
+  if (!reg.ok()) return reg.status();
+  if (*reg == nullptr) return nullptr;
+  return std::make_shared<Entry>(Entry{
+      .start = pending.start, .end = pending.end, .access = access, .region = std::move(*reg)});
+}
+
 absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     void* addr, size_t len, uint32_t access) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
@@ -306,17 +331,8 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     };
     // Register without mu_: it may be slow, and the provider may release
     // memory (re-entering OnMemoryReleased) while doing it.
-    absl::StatusOr<std::unique_ptr<MemoryRegion>> reg =
-        register_(reinterpret_cast<void*>(pending.start),
-                  pending.end - pending.start, reg_access);
-    std::shared_ptr<Entry> entry;
-    if (reg.ok() && *reg != nullptr) {
-      entry = std::make_shared<Entry>();
-      entry->start = pending.start;
-      entry->end = pending.end;
-      entry->access = reg_access;
-      entry->region = std::shared_ptr<MemoryRegion>(std::move(*reg));
-    }
+    absl::StatusOr<std::shared_ptr<Entry>> reg = Register(pending, reg_access);
+    std::shared_ptr<Entry> entry = reg.ok() ? *reg : nullptr;
 
     std::shared_ptr<MemoryRegion> result;
     bool stale;
@@ -349,13 +365,7 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> RegistrationCache::Get(
     }
     if (stale) {
       if (attempt + 1 < kMaxAttempts) continue;
-      return ErrnoError(
-          EAGAIN,
-          absl::StrFormat("rcache: memory in [%#x, %#x) was released while it "
-                          "was being registered, %d times in a row",
-                          pending.start, pending.end, kMaxAttempts),
-          "retry; if the buffer itself was released, the caller has a "
-          "use-after-free");
+      return StaleError(pending.start, pending.end);
     }
     return result;
   }

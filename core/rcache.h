@@ -123,6 +123,10 @@ class RegistrationCache {
                                                 Pending* pending, uint32_t* reg_access)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnlinkPendingLocked(Pending* pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers `pending`'s range with `access` through the provider's
+  // callback, without mu_; nullptr when the callback returned no region.
+  absl::StatusOr<std::shared_ptr<Entry>> Register(const Pending& pending, uint32_t access)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Indexes a new registration in place of the entries it covers (those
   // still in use are detached, the others go onto `dead`), then evicts
   // over the limits; returns the new region.
