@@ -2,6 +2,11 @@
 """Counts test cases from Bazel runs, for the last line of the test command.
 
   count_tests.py --bep RUN.json --out RUN.counts   after each `bazel test`
+  count_tests.py --check NAME RC --out X.counts    one check that is not a
+                                                   Bazel test (a fuzzing run,
+                                                   the clean-machine check):
+                                                   exit status RC 0 passed,
+                                                   else failed
   count_tests.py --sum A.counts B.counts ...        prints the closing line
 
 A run is read from its Build Event Protocol file (--build_event_json_file),
@@ -77,6 +82,13 @@ def main(argv):
     if len(argv) == 5 and argv[1] == "--bep" and argv[3] == "--out":
         with open(argv[4], "w") as f:
             json.dump(count_run(argv[2]), f)
+        return 0
+    if len(argv) == 6 and argv[1] == "--check" and argv[4] == "--out":
+        ok = argv[3] == "0"
+        if not ok:
+            print(f"{argv[2]}: failed (exit status {argv[3]})", file=sys.stderr)
+        with open(argv[5], "w") as f:
+            json.dump([1, 0, 0] if ok else [0, 1, 0], f)
         return 0
     if len(argv) >= 3 and argv[1] == "--sum":
         passed = failed = skipped = 0

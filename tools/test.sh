@@ -1,21 +1,73 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, runs the whole test
-# suite twice (plain, then under AddressSanitizer) and ends with one line
-# "N passed, N failed[, N skipped]" counted from both runs' results
-# (tools/count_tests.py reads each run's build event file).
+# The README's test command. Installs what is missing, then runs every test
+# tier and ends with one line "N passed, N failed[, N skipped]" counted from
+# all of them (tools/count_tests.py):
+#
+#   plain      bazel test //...
+#   asan       //... under AddressSanitizer and UndefinedBehaviorSanitizer
+#              together (--config=asan_ubsan)
+#   tsan       the targets with threads of their own under ThreadSanitizer
+#              ($TSAN_TARGETS below; --config=tsan)
+#   fuzz       each libFuzzer target for $ZSOCK_FUZZ_SECONDS (default 60)
+#   machine    nothing left behind: /dev/shm, network namespaces, processes
+#              (tools/machine_state.sh)
+#
+# ZSOCK_TEST_TIERS="plain tsan" runs a subset (default: all five).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || exit 1
+tiers="${ZSOCK_TEST_TIERS:-plain asan tsan fuzz machine}"
+fuzz_secs="${ZSOCK_FUZZ_SECONDS:-60}"
+# What TSan checks: core (CQ, registration cache, locks), the SDP engine's
+# own threads, and the sockets layer, whose tests close and use sockets
+# from several threads at once. The provider-level suites (conformance,
+# provider benchmarks) add processes, not threads, and take too long under
+# TSan for a CI run.
+TSAN_TARGETS=(//core/... //sockets/... //providers/unet/... //providers/tcp/...)
+
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 rc=0
-for cfg in default asan; do
-  flags=(--config=ci "--build_event_json_file=$results/$cfg.bep.json")
-  [ "$cfg" = default ] || flags+=("--config=$cfg")
-  echo "=== bazel test ${flags[*]} //..."
-  bazel test "${flags[@]}" //... || rc=1
-  # Count now: the next run overwrites the shared testlogs directory.
-  python3 tools/count_tests.py --bep "$results/$cfg.bep.json" --out "$results/$cfg.counts" || rc=1
-done
-python3 tools/count_tests.py --sum "$results/default.counts" "$results/asan.counts" || rc=1
+has_tier() { [[ " $tiers " == *" $1 "* ]]; }
+
+# One `bazel test` run, counted at once (the next run overwrites the shared
+# testlogs directory).
+bazel_tier() {
+  local name=$1
+  shift
+  echo "=== [$name] bazel test $*"
+  local start=$SECONDS
+  bazel test --config=ci "--build_event_json_file=$results/$name.bep.json" "$@" || rc=1
+  python3 tools/count_tests.py --bep "$results/$name.bep.json" --out "$results/$name.counts" || rc=1
+  echo "=== [$name] took $((SECONDS - start)) s"
+}
+
+# One check that is not a Bazel test: passed or failed by its exit status.
+check_tier() {
+  local name=$1
+  shift
+  echo "=== [$name] $*"
+  local start=$SECONDS
+  "$@"
+  local status=$?
+  [ "$status" -eq 0 ] || rc=1
+  python3 tools/count_tests.py --check "$name" "$status" --out "$results/$name.counts" || rc=1
+  echo "=== [$name] took $((SECONDS - start)) s"
+}
+
+has_tier machine && bash tools/machine_state.sh snapshot "$results/state"
+has_tier plain && bazel_tier plain //...
+has_tier asan && bazel_tier asan --config=asan_ubsan //...
+has_tier tsan && bazel_tier tsan --config=tsan "${TSAN_TARGETS[@]}"
+if has_tier fuzz; then
+  for target in sdp-wire unet-descriptors; do
+    check_tier "fuzz-$target" bash tools/fuzz.sh "$target" "$fuzz_secs"
+  done
+fi
+has_tier machine && check_tier machine bash tools/machine_state.sh check "$results/state"
+
+shopt -s nullglob
+counts=("$results"/*.counts)
+[ "${#counts[@]}" -gt 0 ] || { echo "no tier ran (ZSOCK_TEST_TIERS=$tiers)" >&2; exit 2; }
+python3 tools/count_tests.py --sum "${counts[@]}" || rc=1
 exit $rc
