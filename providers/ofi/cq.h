@@ -22,11 +22,11 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "core/fd.h"
+#include "core/liveness.h"
 #include "core/mutex.h"
 #include "core/provider.h"
 #include "core/ready_owners.h"
 #include "providers/ofi/linger_timer.h"
-#include "providers/ofi/liveness_ticker.h"
 
 namespace zsock::ofi {
 

@@ -2,6 +2,7 @@
 // hello exchange that makes an RdmEndpoint of the connection.
 #include "providers/ofi/connect.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <rdma/fi_cm.h>
@@ -16,12 +17,14 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "core/accept.h"
+#include "core/bootstrap_io.h"
+#include "core/cq_cast.h"
 #include "core/fd.h"
 #include "core/status.h"
-#include "providers/ofi/bootstrap_io.h"
-#include "providers/ofi/cq_cast.h"
+#include "providers/ofi/cq.h"
 #include "providers/ofi/errors.h"
 #include "providers/ofi/fabric.h"
 #include "providers/ofi/handshake.h"
@@ -77,8 +80,13 @@ absl::Status OpenRdmPartsLocked(OfiFabric* fabric, EndpointParts* p, OfiHello* m
 // that is malformed or, on shm, from another user.
 absl::Status ExchangeHello(OfiFabric* fabric, int oob, OfiHello& mine, OfiHello* theirs,
                            absl::Time deadline) {
-  if (auto st = IoAll(oob, &mine, sizeof(mine), true, deadline); !st.ok()) return st;
-  if (auto st = IoAll(oob, theirs, sizeof(*theirs), false, deadline); !st.ok()) return st;
+  BootstrapIo io(oob, deadline,
+                 {.peer = "the ofi peer",
+                  .fix = "check that the peer runs zsock with the same ofi provider and "
+                         "version; its log says if it refused the connection"});
+  constexpr absl::string_view kWhat = "the connection handshake";
+  if (auto st = io.Write(&mine, sizeof(mine), kWhat); !st.ok()) return st;
+  if (auto st = io.Read(theirs, sizeof(*theirs), kWhat); !st.ok()) return st;
   if (theirs->magic != kHelloMagic || theirs->version != kHelloVersion ||
       theirs->name_len == 0 || theirs->name_len > sizeof(theirs->name)) {
     return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
@@ -113,10 +121,13 @@ absl::Status InsertPeer(OfiFabric* fabric, fid_av* av, const OfiHello& theirs, f
 absl::StatusOr<std::unique_ptr<Endpoint>> Establish(OfiFabric* fabric, Fd oob, std::string local,
                                                     std::string peer, CompletionQueue* cq,
                                                     absl::Time deadline) {
-  auto ocq = AsOfiCq(cq);
+  auto ocq = CqOf<OfiCq>(cq, "ofi", fabric);
   if (!ocq.ok()) return ocq.status();
   int one = 1;
   ::setsockopt(oob.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Non-blocking, so that the deadline bounds every wait of the hello's
+  // I/O (later uses of the socket pass MSG_DONTWAIT anyway).
+  ::fcntl(oob.get(), F_SETFL, ::fcntl(oob.get(), F_GETFL) | O_NONBLOCK);
   EndpointParts parts;
   auto fail = [&](absl::Status st) {
     parts.Close();
