@@ -16,7 +16,9 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "core/accept.h"
@@ -34,6 +36,8 @@
 namespace zsock::ofi {
 namespace {
 
+constexpr absl::string_view kShmRegionPrefix = "zsock-";
+
 // 64 random bits from the kernel (names that must not repeat on a host).
 uint64_t RandomU64() {
   uint64_t v = 0;
@@ -41,6 +45,15 @@ uint64_t RandomU64() {
     v = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(::getpid()) << 40);
   }
   return v;
+}
+
+// The shm region name (its /dev/shm entry) in the peer's hello, if it is
+// one of zsock's (OpenRdmPartsLocked names them); empty otherwise.
+std::string PeerShmRegion(const OfiHello& theirs) {
+  absl::string_view name(reinterpret_cast<const char*>(theirs.name), theirs.name_len);
+  name = name.substr(0, name.find('\0'));
+  absl::ConsumePrefix(&name, "fi_shm://");
+  return absl::StartsWith(name, kShmRegionPrefix) ? std::string(name) : std::string();
 }
 
 // Opens and enables the endpoint with its address vector (room for one
@@ -64,7 +77,8 @@ absl::Status OpenRdmPartsLocked(OfiFabric* fabric, EndpointParts* p, OfiHello* m
     // repeat across pid namespaces sharing one /dev/shm (containers,
     // Bazel's sandbox): two endpoints then open one region and connects
     // are reset. A random name is unique on the host.
-    std::string name = absl::StrCat("fi_shm://zsock-", absl::Hex(RandomU64(), absl::kZeroPad16));
+    std::string name =
+        absl::StrCat("fi_shm://", kShmRegionPrefix, absl::Hex(RandomU64(), absl::kZeroPad16));
     if ((rc = fi_setname(&p->ep->fid, name.data(), name.size() + 1)) != 0) {
       return FiError(rc, "fi_setname");
     }
@@ -157,6 +171,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Establish(OfiFabric* fabric, Fd oob, s
   // Flow control only when both sides window: each then reports its
   // consumption often enough for the other's window.
   if (mine.reserved != 0 && theirs.reserved != 0) endpoint->SetFlow(mine.reserved, theirs.reserved);
+  if (std::string_view(fabric->info()->fabric_attr->prov_name) == "shm") {
+    endpoint->SetPeerShmRegion(PeerShmRegion(theirs));
+  }
   if (auto st = endpoint->Start(); !st.ok()) return st;
   return std::unique_ptr<Endpoint>(std::move(endpoint));
 }
