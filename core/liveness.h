@@ -21,6 +21,14 @@ class LivenessTicker {
 
   // The next Due() answers true (a wake-up may mean a peer went away).
   void Request() { requested_.store(true, std::memory_order_relaxed); }
+  // Request, and the look it causes covers every endpoint, not only those
+  // whose liveness fd turned readable (TakeAll says so, once).
+  void RequestAll() {
+    all_.store(true, std::memory_order_relaxed);
+    requested_.store(true, std::memory_order_relaxed);
+  }
+  // Whether a RequestAll is pending; consumes it. Called when Due() is true.
+  bool TakeAll() { return all_.exchange(false, std::memory_order_relaxed); }
 
   // True when a look is due at `now_ns` (core/clock.h's coarse clock is
   // precise enough: the interval is milliseconds): requested since the
@@ -40,6 +48,7 @@ class LivenessTicker {
  private:
   const int64_t interval_ns_;
   std::atomic<bool> requested_{false};
+  std::atomic<bool> all_{false};
   std::atomic<int64_t> last_ns_{0};
 };
 

@@ -23,11 +23,11 @@
 #include "absl/status/status.h"
 #include "core/cq.h"
 #include "core/fd.h"
+#include "core/liveness.h"
 #include "core/mutex.h"
 #include "core/provider.h"
 #include "core/ready_owners.h"
 #include "providers/ofi/linger_timer.h"
-#include "providers/ofi/liveness_ticker.h"
 
 namespace zsock::ofi {
 

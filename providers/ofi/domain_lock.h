@@ -1,7 +1,8 @@
 // DomainMutex: the lock that serializes every call on an ofi domain and
 // its objects (domains are opened FI_THREAD_DOMAIN), and DomLock, its
-// scoped holder. A memory registration may be revoked from any thread
-// without blocking on it (CloseMr). Inline: every operation takes it.
+// scoped holder (core's ScopedLock). A memory registration may be revoked
+// from any thread without blocking on it (CloseMr). Inline: every
+// operation takes it.
 #ifndef ZSOCK_PROVIDERS_OFI_DOMAIN_LOCK_H_
 #define ZSOCK_PROVIDERS_OFI_DOMAIN_LOCK_H_
 
@@ -73,16 +74,7 @@ class ABSL_LOCKABLE DomainMutex {
   std::array<std::atomic<fid_mr*>, 4096> pending_{};
 };
 
-class ABSL_SCOPED_LOCKABLE DomLock {
- public:
-  explicit DomLock(DomainMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
-  ~DomLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
-  DomLock(const DomLock&) = delete;
-  DomLock& operator=(const DomLock&) = delete;
-
- private:
-  DomainMutex* const mu_;
-};
+using DomLock = ScopedLock<DomainMutex>;
 
 }  // namespace zsock::ofi
 

@@ -9,11 +9,11 @@
 // msg_connect.cc), or `ofi:` for whatever fi_getinfo offers first. Design
 // notes and limits: docs/ofi.md.
 //
-// Where the rest is: settings.h (options, hints), memory.h and
-// local_keys.h (registration, keys), cq.h (completion queues and waiting),
-// request.h (operations in flight), endpoint.h (what endpoints share),
-// rdm_endpoint.h and msg_endpoint.h (the two kinds), liveness.cc (the
-// peer's close), connect.h (listening and connecting).
+// Where the rest is: settings.h (options, hints), memory.h (registration,
+// keys; core's LocalKeyTable records them), cq.h (completion queues and
+// waiting), request.h (operations in flight), endpoint.h (what endpoints
+// share), rdm_endpoint.h and msg_endpoint.h (the two kinds), liveness.cc
+// (the peer's close), connect.h (listening and connecting).
 #include "providers/ofi/fabric.h"
 
 #include <rdma/fi_atomic.h>

@@ -19,9 +19,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/local_keys.h"
 #include "core/provider.h"
 #include "providers/ofi/domain_lock.h"
-#include "providers/ofi/local_keys.h"
 #include "providers/ofi/settings.h"
 
 namespace zsock::ofi {
@@ -33,6 +33,11 @@ inline constexpr size_t kMaxInject = 512;
 // header and a serialized key.
 inline constexpr size_t kControlBuf = 64 * 1024;
 inline constexpr size_t kControlOverhead = 512;
+// How many registrations a fabric holds live at once (its LocalKeyTable's
+// capacity), as verbs' default max_registrations. The table grows in
+// chunks as registrations arrive, so the bound costs only one pointer per
+// chunk; libfabric's own MR limits usually bind first.
+inline constexpr uint32_t kMaxRegistrations = 1u << 20;
 
 class OfiFabric final : public Fabric {
  public:
@@ -104,9 +109,8 @@ class OfiFabric final : public Fabric {
   bool wait_sockets_ = false; // cq_wait=sockets (Settings::CqWait)
   Capabilities caps_;
   std::atomic<uint64_t> next_key_{1};
-  std::atomic<uint64_t> next_serial_{1};
   std::atomic<uint64_t> next_nonce_{1};
-  LocalKeyTable keys_;
+  LocalKeyTable keys_{kMaxRegistrations};
 };
 
 }  // namespace zsock::ofi

@@ -6,8 +6,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/keyslot.h"
 #include "core/status.h"
 #include "providers/ofi/domain_lock.h"
 #include "providers/ofi/errors.h"
@@ -32,11 +34,12 @@ uint64_t FiAccess(uint32_t access, bool rma_native) {
 
 // The remote key blob of `mr` (see memory.h); `rc` gets fi_mr_raw_attr's
 // failure.
-std::vector<uint8_t> KeyBlob(fid_mr* mr, uint64_t serial, bool virt_addr, bool raw_keys, int* rc) {
+std::vector<uint8_t> KeyBlob(fid_mr* mr, LocalKeyTable::Key table_key, bool virt_addr,
+                             bool raw_keys, int* rc) {
   std::vector<uint8_t> blob;
   uint8_t flags = virt_addr ? kBlobVirt : 0;
   blob.resize(kBlobHeader);
-  std::memcpy(blob.data() + 1, &serial, 8);
+  LocalKeyTable::Encode(table_key, blob.data() + 1);
   *rc = 0;
   if (raw_keys) {
     size_t key_size = RemoteKey::kMaxBlob - kBlobHeader;
@@ -72,14 +75,14 @@ RemoteKey OfiRegion::remote_key() const {
 }
 
 void OfiRegion::Revoke() noexcept {
-  record_->Revoke();
+  fabric_->keys().Revoke(key_);
   fid_mr* mr = mr_.exchange(nullptr);
   if (mr != nullptr) fabric_->dom_mu().CloseMr(mr);
 }
 
 OfiRegion::~OfiRegion() {
   Revoke();
-  fabric_->keys().Forget(serial_);
+  fabric_->keys().Remove(key_);
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> OfiFabric::RegisterMemory(void* addr, size_t len,
@@ -87,6 +90,12 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> OfiFabric::RegisterMemory(void* ad
   if (addr == nullptr || len == 0) {
     return MakeError(absl::StatusCode::kInvalidArgument, EINVAL,
                      "cannot register an empty or null range", "register at least one byte");
+  }
+  std::optional<LocalKeyTable::Key> key = keys_.Add(reinterpret_cast<uint64_t>(addr), len, access);
+  if (!key.has_value()) {
+    return MakeError(absl::StatusCode::kResourceExhausted, ENOSPC,
+                     absl::StrCat("all ", keys_.capacity(), " ofi registrations are in use"),
+                     "release registrations (the registration cache evicts unused ones)");
   }
   const uint64_t fi_access = FiAccess(access, rma_native_);
   fid_mr* mr = nullptr;
@@ -97,28 +106,28 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> OfiFabric::RegisterMemory(void* ad
     rc = fi_mr_reg(domain_, addr, len, fi_access, 0, requested_key, 0, &mr, nullptr);
   }
   if (rc != 0) {
+    keys_.Remove(*key);
     return FiError(rc, absl::StrCat("fi_mr_reg of ", len, " bytes"),
                    "check the locked-memory limit (ulimit -l) and the provider's MR limits");
   }
-  const uint64_t serial = next_serial_.fetch_add(1);
-  std::vector<uint8_t> blob = KeyBlob(mr, serial, virt_addr(), raw_keys(), &rc);
+  std::vector<uint8_t> blob = KeyBlob(mr, *key, virt_addr(), raw_keys(), &rc);
   if (rc != 0) {
+    keys_.Remove(*key);
     dom_mu_.CloseMr(mr);
     return FiError(rc, "fi_mr_raw_attr", "the provider's raw keys exceed 119 bytes");
   }
-  RegRecord* rec = keys_.Add(serial, reinterpret_cast<uint64_t>(addr), len, access);
   return std::unique_ptr<MemoryRegion>(
-      new OfiRegion(this, addr, len, access, mr, std::move(blob), serial, rec));
+      new OfiRegion(this, addr, len, access, mr, std::move(blob), *key));
 }
 
-// Emulated operations arrive with our own key: its serial names our
+// Emulated operations arrive with our own key: its table key names our
 // private record, which decides range, rights and liveness.
 absl::Status OfiFabric::AccessLocal(const RemoteKey& rkey, uint64_t addr, size_t len,
                                     uint32_t access, absl::FunctionRef<void(void*)> fn) {
-  if (rkey.blob.size() < kBlobHeader) return RefuseAccess(addr, len, "the key is malformed");
-  uint64_t serial;
-  std::memcpy(&serial, rkey.blob.data() + 1, 8);
-  return keys_.Access(serial, addr, len, access, fn);
+  if (rkey.blob.size() < kBlobHeader) {
+    return RemoteKeyError("the key is malformed (shorter than an ofi key's header)", addr, len);
+  }
+  return keys_.Access(LocalKeyTable::Decode(rkey.blob.data() + 1), addr, len, access, fn);
 }
 
 absl::Status DecodeRemoteKey(fid_domain* domain, RawKeyMap* raw_keys, const RemoteKey& rkey,

@@ -4,8 +4,11 @@
 // AccessLocal are defined in memory.cc.
 //
 // Remote key blob: u8 flags (kBlobRaw: raw key bytes follow; kBlobVirt:
-// virtual addressing), u64 registration serial (unique per fabric: a stale
-// key never names a later registration), then the u64 key or the raw key.
+// virtual addressing), the registration's key in the fabric's
+// LocalKeyTable (LocalKeyTable::Encode, 8 bytes: a stale key never names a
+// later registration), then the u64 key or the raw key. Only the target
+// reads the table key (AccessLocal), in blobs it made itself; the
+// initiator reads the flags and what follows the header.
 #ifndef ZSOCK_PROVIDERS_OFI_MEMORY_H_
 #define ZSOCK_PROVIDERS_OFI_MEMORY_H_
 
@@ -19,22 +22,22 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "core/local_keys.h"
 #include "core/provider.h"
-#include "providers/ofi/local_keys.h"
 
 namespace zsock::ofi {
 
 class OfiFabric;
 
 inline constexpr uint8_t kBlobRaw = 1, kBlobVirt = 2;
-inline constexpr size_t kBlobHeader = 9;
+inline constexpr size_t kBlobHeader = 1 + LocalKeyTable::kEncodedSize;
 
 class OfiRegion final : public MemoryRegion {
  public:
   OfiRegion(OfiFabric* fabric, void* addr, size_t len, uint32_t access, fid_mr* mr,
-            std::vector<uint8_t> blob, uint64_t serial, RegRecord* record)
+            std::vector<uint8_t> blob, LocalKeyTable::Key key)
       : MemoryRegion(addr, len, access), fabric_(fabric), mr_(mr), blob_(std::move(blob)),
-        desc_(fi_mr_desc(mr)), serial_(serial), record_(record) {}
+        desc_(fi_mr_desc(mr)), key_(key) {}
   ~OfiRegion() override;
   void* desc() const override { return desc_; }
   RemoteKey remote_key() const override;
@@ -49,8 +52,7 @@ class OfiRegion final : public MemoryRegion {
   std::atomic<fid_mr*> mr_;
   std::vector<uint8_t> blob_;
   void* desc_;
-  uint64_t serial_;     // names the record in the fabric's table
-  RegRecord* record_;   // owned by the fabric's table until ~OfiRegion
+  LocalKeyTable::Key key_;  // in the fabric's table until ~OfiRegion
 };
 
 // Raw keys (FI_MR_RAW) an endpoint has mapped (fi_mr_map_raw), by their bytes.

@@ -17,10 +17,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/cq_cast.h"
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/status.h"
-#include "providers/ofi/cq_cast.h"
+#include "providers/ofi/cq.h"
 #include "providers/ofi/errors.h"
 #include "providers/ofi/event_queue.h"
 #include "providers/ofi/fabric.h"
@@ -118,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> EstablishMsg(OfiFabric* fabric, fi_inf
                                                        fi_info* ctrl_info, const void* dest,
                                                        uint64_t nonce, CompletionQueue* cq,
                                                        absl::Time deadline) {
-  auto ocq = AsOfiCq(cq);
+  auto ocq = CqOf<OfiCq>(cq, "ofi", fabric);
   if (!ocq.ok()) return ocq.status();
   EndpointParts p;
   if (auto st = OpenParts(fabric, &p,

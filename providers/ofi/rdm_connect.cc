@@ -2,6 +2,7 @@
 // hello exchange that makes an RdmEndpoint of the connection.
 #include "providers/ofi/connect.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <rdma/fi_cm.h>
@@ -15,13 +16,17 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "core/accept.h"
+#include "core/bootstrap_io.h"
+#include "core/cq_cast.h"
 #include "core/fd.h"
 #include "core/status.h"
-#include "providers/ofi/bootstrap_io.h"
-#include "providers/ofi/cq_cast.h"
+#include "providers/ofi/cq.h"
 #include "providers/ofi/errors.h"
 #include "providers/ofi/fabric.h"
 #include "providers/ofi/handshake.h"
@@ -31,6 +36,8 @@
 namespace zsock::ofi {
 namespace {
 
+constexpr absl::string_view kShmRegionPrefix = "zsock-";
+
 // 64 random bits from the kernel (names that must not repeat on a host).
 uint64_t RandomU64() {
   uint64_t v = 0;
@@ -38,6 +45,15 @@ uint64_t RandomU64() {
     v = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(::getpid()) << 40);
   }
   return v;
+}
+
+// The shm region name (its /dev/shm entry) in the peer's hello, if it is
+// one of zsock's (OpenRdmPartsLocked names them); empty otherwise.
+std::string PeerShmRegion(const OfiHello& theirs) {
+  absl::string_view name(reinterpret_cast<const char*>(theirs.name), theirs.name_len);
+  name = name.substr(0, name.find('\0'));
+  absl::ConsumePrefix(&name, "fi_shm://");
+  return absl::StartsWith(name, kShmRegionPrefix) ? std::string(name) : std::string();
 }
 
 // Opens and enables the endpoint with its address vector (room for one
@@ -61,7 +77,8 @@ absl::Status OpenRdmPartsLocked(OfiFabric* fabric, EndpointParts* p, OfiHello* m
     // repeat across pid namespaces sharing one /dev/shm (containers,
     // Bazel's sandbox): two endpoints then open one region and connects
     // are reset. A random name is unique on the host.
-    std::string name = absl::StrCat("fi_shm://zsock-", absl::Hex(RandomU64(), absl::kZeroPad16));
+    std::string name =
+        absl::StrCat("fi_shm://", kShmRegionPrefix, absl::Hex(RandomU64(), absl::kZeroPad16));
     if ((rc = fi_setname(&p->ep->fid, name.data(), name.size() + 1)) != 0) {
       return FiError(rc, "fi_setname");
     }
@@ -77,8 +94,13 @@ absl::Status OpenRdmPartsLocked(OfiFabric* fabric, EndpointParts* p, OfiHello* m
 // that is malformed or, on shm, from another user.
 absl::Status ExchangeHello(OfiFabric* fabric, int oob, OfiHello& mine, OfiHello* theirs,
                            absl::Time deadline) {
-  if (auto st = IoAll(oob, &mine, sizeof(mine), true, deadline); !st.ok()) return st;
-  if (auto st = IoAll(oob, theirs, sizeof(*theirs), false, deadline); !st.ok()) return st;
+  BootstrapIo io(oob, deadline,
+                 {.peer = "the ofi peer",
+                  .fix = "check that the peer runs zsock with the same ofi provider and "
+                         "version; its log says if it refused the connection"});
+  constexpr absl::string_view kWhat = "the connection handshake";
+  if (auto st = io.Write(&mine, sizeof(mine), kWhat); !st.ok()) return st;
+  if (auto st = io.Read(theirs, sizeof(*theirs), kWhat); !st.ok()) return st;
   if (theirs->magic != kHelloMagic || theirs->version != kHelloVersion ||
       theirs->name_len == 0 || theirs->name_len > sizeof(theirs->name)) {
     return MakeError(absl::StatusCode::kFailedPrecondition, EPROTO,
@@ -113,10 +135,13 @@ absl::Status InsertPeer(OfiFabric* fabric, fid_av* av, const OfiHello& theirs, f
 absl::StatusOr<std::unique_ptr<Endpoint>> Establish(OfiFabric* fabric, Fd oob, std::string local,
                                                     std::string peer, CompletionQueue* cq,
                                                     absl::Time deadline) {
-  auto ocq = AsOfiCq(cq);
+  auto ocq = CqOf<OfiCq>(cq, "ofi", fabric);
   if (!ocq.ok()) return ocq.status();
   int one = 1;
   ::setsockopt(oob.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Non-blocking, so that the deadline bounds every wait of the hello's
+  // I/O (later uses of the socket pass MSG_DONTWAIT anyway).
+  ::fcntl(oob.get(), F_SETFL, ::fcntl(oob.get(), F_GETFL) | O_NONBLOCK);
   EndpointParts parts;
   auto fail = [&](absl::Status st) {
     parts.Close();
@@ -146,6 +171,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Establish(OfiFabric* fabric, Fd oob, s
   // Flow control only when both sides window: each then reports its
   // consumption often enough for the other's window.
   if (mine.reserved != 0 && theirs.reserved != 0) endpoint->SetFlow(mine.reserved, theirs.reserved);
+  if (std::string_view(fabric->info()->fabric_attr->prov_name) == "shm") {
+    endpoint->SetPeerShmRegion(PeerShmRegion(theirs));
+  }
   if (auto st = endpoint->Start(); !st.ok()) return st;
   return std::unique_ptr<Endpoint>(std::move(endpoint));
 }

@@ -3,6 +3,7 @@
 #include "providers/ofi/rdm_endpoint.h"
 
 #include <rdma/fi_tagged.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -134,6 +135,10 @@ void RdmEndpoint::CloseBindingsLocked() {
   if (av_) {
     fi_close(&av_->fid);
     av_ = nullptr;
+  }
+  if (!peer_shm_region_.empty()) {
+    ::shm_unlink(peer_shm_region_.c_str());  // ENOENT when the peer closed first
+    peer_shm_region_.clear();
   }
 }
 

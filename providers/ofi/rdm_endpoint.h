@@ -9,6 +9,9 @@
 
 #include <rdma/fi_domain.h>
 
+#include <string>
+#include <utility>
+
 #include "core/fd.h"
 #include "providers/ofi/endpoint.h"
 
@@ -21,6 +24,14 @@ class RdmEndpoint final : public OfiEndpoint {
   RdmEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_av* av, fid_cq* fcq, int fcq_fd,
               fi_addr_t peer, Fd oob, EndpointInfo info);
   ~RdmEndpoint() override { CloseAndDetach(); }
+
+  // shm: the name of the peer's region, which only this endpoint opens
+  // (one peer per endpoint, a random name per endpoint). Its creator
+  // unlinks it when it closes; a killed peer cannot, so the name is also
+  // unlinked here when the endpoint closes (mappings stay valid; the
+  // creator's own unlink then finds nothing), and a killed peer leaves
+  // nothing in /dev/shm once its survivor closes.
+  void SetPeerShmRegion(std::string name) { peer_shm_region_ = std::move(name); }
 
   absl::Status Send(const void* buf, size_t len, MemoryRegion* mr, uint64_t context) override;
   absl::Status PostRecv(void* buf, size_t len, MemoryRegion* mr, uint64_t context) override;
@@ -42,6 +53,7 @@ class RdmEndpoint final : public OfiEndpoint {
 
   fid_av* av_;
   Fd oob_;
+  std::string peer_shm_region_;  // empty: none to unlink
 };
 
 }  // namespace zsock::ofi
