@@ -5,8 +5,9 @@
 // Each call moves all of its bytes or fails with a Status that names the
 // peer, the exchange and what to check: DeadlineExceeded when the limit
 // passes, Unavailable (ECONNRESET) when the peer closes mid-exchange, the
-// errno of any other failure. The socket may be blocking or not; EINTR and
-// EAGAIN are retried. The limit is either one deadline for the whole
+// errno of any other failure. EINTR and EAGAIN are retried. The limits
+// hold on a non-blocking socket; on a blocking one a read or write waits
+// in the kernel, past them, so pass a blocking socket only with no limit. The limit is either one deadline for the whole
 // exchange or, with an idle limit, a bound on each wait for the peer (a
 // long transfer that keeps moving is never cut short).
 //
