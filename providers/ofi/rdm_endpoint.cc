@@ -23,9 +23,18 @@ RdmEndpoint::RdmEndpoint(OfiFabric* fabric, OfiCq* cq, fid_ep* ep, fid_av* av, f
     : OfiEndpoint(fabric, cq, ep, fcq, fcq_fd, peer, std::move(info), /*connected=*/true,
                   /*liveness_by_readiness=*/oob.get() >= 0),
       av_(av), oob_(std::move(oob)) {
+  {
+    // Watched before Attach publishes the endpoint, under the lock its
+    // Shutdown takes: once attached, the CQ's progress may shut it down
+    // (a dead peer) and close these fds while this thread still reads them.
+    DomLock lock(&fab_->dom_mu());
+    cq_->Watch(oob_.get(), this);
+    if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+  }
   cq_->Attach(this);
-  cq_->Watch(oob_.get(), this);
-  if (fcq_fd_ >= 0) cq_->Watch(fcq_fd_);
+  // A sleeper may have taken the watches' first readiness before the
+  // endpoint was in the list: it polls again.
+  cq_->Wake();
 }
 
 // Inline, as TryInject: on Send's path.
