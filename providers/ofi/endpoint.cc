@@ -18,6 +18,26 @@ namespace {
 // Control receives an endpoint keeps posted.
 constexpr int kControlRecvs = 8;
 
+// Whether a failed operation says the connection under it is gone (see
+// OfiEndpoint::NoteFailureLocked).
+bool ConnectionLost(const absl::Status& st) {
+  if (st.code() == absl::StatusCode::kCancelled) return true;
+  switch (StatusErrno(st)) {
+    case ENOTCONN:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EPIPE:
+    case ESHUTDOWN:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 void EndpointParts::Close() {
@@ -98,6 +118,7 @@ void OfiEndpoint::CompleteLocked(Request* r, absl::Status st, size_t len, Comple
                                  std::vector<std::vector<uint8_t>>* control) {
   outstanding_.erase(r);
   if (r == fin_req_) fin_req_ = nullptr;
+  if (!st.ok()) [[unlikely]] NoteFailureLocked(r, st);
   if (r->control) {
     CompleteControlLocked(r, st, len, control);
     return;
@@ -150,21 +171,41 @@ void OfiEndpoint::CompleteControlLocked(Request* r, const absl::Status& st, size
   }
 }
 
-// The copy of an injected send (InjectWith): nothing is reported. A failed
-// one would leave a gap in what the peer gets while later messages still
-// arrive: the endpoint goes down instead (CheckPeer, at the next progress).
+// The copy of an injected send (InjectWith): nothing is reported (a
+// failed one, NoteFailureLocked).
 void OfiEndpoint::CompleteInjectCopyLocked(Request* r, const absl::Status& st) {
-  if (st.ok()) {
-    ++user_sent_ok_;
-  } else if (!closed_ && !dead_ && inject_failed_.ok()) {
-    ZS_LOG(kDebug, "an injected ofi send failed: %s", st.ToString().c_str());
-    inject_failed_ = MakeError(st.code(), ECONNRESET,
-                               absl::StrCat("an injected send to ", info_.peer_address,
-                                            " failed: ", st.message()),
-                               "reconnect; messages after it were not delivered");
-    cq_->CheckSoon();
-  }
+  if (st.ok()) ++user_sent_ok_;
   RequestCache::Put(r);
+}
+
+// The provider fails what it still holds with FI_ECANCELED when the
+// connection under it ends (zsock cancels nothing itself: its own close
+// sets closed_ or dead_ first), and the operation in flight with the
+// socket's error. Once one has been reported the endpoint must refuse new
+// operations at once: the liveness check that shuts it down may run only
+// later, and until then the provider may still accept a post on the dead
+// connection.
+void OfiEndpoint::NoteFailureLocked(const Request* r, const absl::Status& st) {
+  if (closed_ || dead_ || !failed_.ok()) return;
+  if (r->op == OpType::kSend && r->context == kInjectContext && !r->control) {
+    // A failed copy would leave a gap in what the peer gets while later
+    // messages still arrive: the endpoint goes down instead.
+    ZS_LOG(kDebug, "an injected ofi send failed: %s", st.ToString().c_str());
+    failed_ = MakeError(st.code(), ECONNRESET,
+                        absl::StrCat("an injected send to ", info_.peer_address, " failed: ",
+                                     st.message()),
+                        "reconnect; messages after it were not delivered");
+  } else if (!fin_ && ConnectionLost(st)) {
+    // After a graceful close (fin_) CheckPeer first delivers what the
+    // peer announced.
+    failed_ = MakeError(absl::StatusCode::kAborted, ECONNRESET,
+                        absl::StrCat("the ofi connection to ", info_.peer_address,
+                                     " was lost: ", st.message()),
+                        "reconnect");
+  } else {
+    return;
+  }
+  cq_->CheckSoon();  // CheckPeer shuts the endpoint down with failed_
 }
 
 bool OfiEndpoint::UserRecvPostedLocked() {
@@ -263,9 +304,11 @@ absl::StatusOr<void*> OfiEndpoint::DescFromCache(const void* buf, size_t len, Re
 }
 
 absl::Status OfiEndpoint::DownStatusLocked() const {
-  return closed_ ? MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
-                             "operation on a closed ofi endpoint", "connect a new endpoint")
-                 : dead_status_;
+  if (closed_) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, ENOTCONN,
+                     "operation on a closed ofi endpoint", "connect a new endpoint");
+  }
+  return dead_ ? dead_status_ : failed_;
 }
 
 const char* OfiEndpoint::CallName(const Request* r) const {

@@ -216,7 +216,7 @@ class OfiEndpoint : public Endpoint {
     if (len > fab_->caps().inject_size) return InjectTooLarge(len);
     {
       DomLock lock(&fab_->dom_mu());
-      if (closed_ || dead_) return DownStatusLocked();
+      if (DownLocked()) return DownStatusLocked();
       if (MayPostNowLocked()) {
         ssize_t rc = inject_now();
         if (rc == 0) {
@@ -258,7 +258,12 @@ class OfiEndpoint : public Endpoint {
     ++user_sent_ok_;
     flow_.Posted();
   }
-  // Why an operation cannot start on a closed or dead endpoint.
+  // Whether new operations fail at once: the endpoint is closed, dead, or
+  // its connection is known lost (failed_) and shutting down.
+  bool DownLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu()) {
+    return closed_ || dead_ || !failed_.ok();
+  }
+  // Why an operation cannot start on such an endpoint.
   absl::Status DownStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu());
 
   // Called by ProgressLocked and Shutdown with the domain lock held.
@@ -297,7 +302,7 @@ class OfiEndpoint : public Endpoint {
   template <typename Post>
   absl::Status Submit(Request* r, const Post& post) {
     DomLock lock(&fab_->dom_mu());
-    if (closed_ || dead_) {
+    if (DownLocked()) {
       RequestCache::Put(r);
       return DownStatusLocked();
     }
@@ -379,6 +384,10 @@ class OfiEndpoint : public Endpoint {
   // every operation still outstanding completes with `why`.
   void Shutdown(const absl::Status& why, bool closed);
   void DrainAndCloseCqLocked(CompletionList* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu());
+  // An operation of ours failed with `st`: sets failed_ if that means the
+  // connection is gone.
+  void NoteFailureLocked(const Request* r, const absl::Status& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fab_->dom_mu());
 
   bool credit_due_ = false;     // a report met EAGAIN: again at the next progress
   bool peer_closed_ = false;    // its end was seen; delivering what it sent
@@ -389,7 +398,10 @@ class OfiEndpoint : public Endpoint {
   int64_t last_delivery_ns_ = 0;   // when CheckPeer last saw user_received_ move (or the close)
   uint64_t received_at_look_ = 0;  // user_received_ then
   absl::Status dead_status_;
-  absl::Status inject_failed_;  // an injected send's copy failed: going down
+  // The connection is lost (an operation failed as only a lost connection
+  // fails it, or an injected send's copy failed): new operations fail with
+  // this at once, and CheckPeer shuts the endpoint down.
+  absl::Status failed_;
   std::deque<std::pair<Request*, PostFn>> backlog_;
   RawKeyMap raw_keys_;
 };

@@ -37,7 +37,7 @@ bool OfiEndpoint::CheckPeer() {
   absl::Status failed;
   {
     DomLock lock(&fab_->dom_mu());
-    failed = inject_failed_;
+    failed = failed_;
   }
   if (!failed.ok()) {
     Shutdown(failed, /*closed=*/false);

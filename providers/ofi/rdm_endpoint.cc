@@ -57,7 +57,7 @@ inline absl::Status RdmEndpoint::Inject(const void* buf, size_t len) {
 // now (a backlog to stay behind, or EAGAIN): the caller posts it normally.
 inline absl::Status RdmEndpoint::TryInject(const void* buf, size_t len, uint64_t context, bool* injected) {
   DomLock lock(&fab_->dom_mu());
-  if (closed_ || dead_) return DownStatusLocked();
+  if (DownLocked()) return DownStatusLocked();
   if (!MayPostNowLocked()) return absl::OkStatus();
   ssize_t rc = fi_tinject(ep_, buf, len, peer_, kUserTag);
   if (rc == -FI_EAGAIN) return absl::OkStatus();
