@@ -11,26 +11,39 @@
 #ifndef ZSOCK_TESTS_CONFORMANCE_CONFIGS_H_
 #define ZSOCK_TESTS_CONFORMANCE_CONFIGS_H_
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "core/provider.h"
 
 namespace zsock {
 
-inline std::vector<std::string> ConformanceConfigurations() {
+// Whether `config` ("ofi:tcp?iface=lo", ...) belongs to a provider that
+// ZSOCK_TEST_PROVIDERS admits (all of them when it is unset or empty).
+inline bool ConfigurationWanted(const std::string& config) {
   const char* only = std::getenv("ZSOCK_TEST_PROVIDERS");
-  std::vector<std::string> wanted;
-  if (only != nullptr && *only != '\0') wanted = absl::StrSplit(only, ',');
-  std::vector<std::string> out;
+  if (only == nullptr || *only == '\0') return true;
+  const std::string provider = config.substr(0, config.find_first_of(":?"));
+  for (absl::string_view p : absl::StrSplit(only, ',')) {
+    if (p == provider) return true;
+  }
+  return false;
+}
+
+// Every registered provider's configurations, then `extra` ones (other
+// options of the same providers), less those ZSOCK_TEST_PROVIDERS leaves out.
+inline std::vector<std::string> ConformanceConfigurations(std::vector<std::string> extra = {}) {
+  std::vector<std::string> all;
   for (const ProviderInfo* p : RegisteredProviders()) {
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), p->name) == wanted.end()) {
-      continue;
-    }
-    for (const auto& c : p->configurations) out.push_back(c);
+    all.insert(all.end(), p->configurations.begin(), p->configurations.end());
+  }
+  all.insert(all.end(), extra.begin(), extra.end());
+  std::vector<std::string> out;
+  for (auto& c : all) {
+    if (ConfigurationWanted(c)) out.push_back(std::move(c));
   }
   return out;
 }

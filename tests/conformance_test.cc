@@ -1591,14 +1591,11 @@ TEST_P(Conformance, OversizedMessageFailsOnlyThatReceive) {
 // (threads=serialized: every test but one calls each fabric from one
 // thread, its peers being processes).
 std::vector<std::string> SuiteConfigurations() {
-  std::vector<std::string> out = ConformanceConfigurations();
-  for (const char* c : {"ofi:tcp;ofi_rxm?iface=lo&cq_wait=none", "ofi:tcp?iface=lo&cq_wait=none",
-                        "ofi:tcp?iface=lo&cq_wait=fd", "ofi:tcp?iface=lo&backstop_ms=0",
-                        "ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0", "ucx:tcp?threads=serialized",
-                        "ucx:posix,cma?threads=serialized"}) {
-    out.push_back(c);
-  }
-  return out;
+  return ConformanceConfigurations(
+      {"ofi:tcp;ofi_rxm?iface=lo&cq_wait=none", "ofi:tcp?iface=lo&cq_wait=none",
+       "ofi:tcp?iface=lo&cq_wait=fd", "ofi:tcp?iface=lo&backstop_ms=0",
+       "ofi:tcp;ofi_rxm?iface=lo&backstop_ms=0", "ucx:tcp?threads=serialized",
+       "ucx:posix,cma?threads=serialized"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, Conformance,
