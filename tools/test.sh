@@ -31,6 +31,12 @@ fuzz_secs="${ZSOCK_FUZZ_SECONDS:-60}"
 TSAN_TARGETS=(//core/... //sockets/... //providers/unet/... //providers/tcp/...
               //tests:conformance_test)
 TSAN_PROVIDERS=unet,tcp
+# Left out under ASan+UBSan, run by the plain tier: 256 concurrent
+# connections over tcp;ofi_rxm, where each connection makes its own rxm
+# endpoint and its buffer pools (docs/ofi.md, "Many connections"): under
+# ASan the last connects outlast their minute on a 2-core machine. Every
+# other case, on every configuration, runs under ASan+UBSan.
+ASAN_SKIP='-*EpollEchoServerManyClients/ofi_tcp_ofi_rxm*'
 
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
@@ -64,7 +70,7 @@ check_tier() {
 
 has_tier machine && bash tools/machine_state.sh snapshot "$results/state"
 has_tier plain && bazel_tier plain //...
-has_tier asan && bazel_tier asan --config=asan_ubsan //...
+has_tier asan && bazel_tier asan --config=asan_ubsan "--test_filter=$ASAN_SKIP" //...
 has_tier tsan && bazel_tier tsan --config=tsan "--test_env=ZSOCK_TEST_PROVIDERS=$TSAN_PROVIDERS" \
   "${TSAN_TARGETS[@]}"
 if has_tier fuzz; then
