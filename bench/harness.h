@@ -40,7 +40,7 @@ struct BenchResult {
   std::vector<std::string> failures;  // one per failed run, with its cause
 };
 
-// Runs every point of `options`. Fills vs_tcp when a baseline ran.
+// Runs every point of `options`. Fills vs_tcp / vs_tcp_busy when a baseline ran.
 BenchResult RunBench(const Options& options);
 
 }  // namespace zsock::bench

@@ -168,56 +168,73 @@ absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& mode) {
   return modes;
 }
 
-absl::StatusOr<bool> ParseBaseline(const std::string& baseline) {
-  if (baseline == "tcp") return true;
-  if (!baseline.empty() && baseline != "none") {
-    return Invalid(absl::StrCat("unknown --baseline='", baseline, "'"),
-                   "the baseline is kernel TCP: write --baseline=tcp, or leave it out");
-  }
-  return false;
+// The kernel TCP baselines --baseline names: "tcp" (blocking calls),
+// "tcp-busy" (busy-polled), "all" (both), "" or "none".
+struct Baselines {
+  bool blocking = false;
+  bool busy = false;
+};
+
+absl::StatusOr<Baselines> ParseBaseline(const std::string& baseline) {
+  if (baseline.empty() || baseline == "none") return Baselines{};
+  if (baseline == "tcp") return Baselines{.blocking = true};
+  if (baseline == "tcp-busy") return Baselines{.busy = true};
+  if (baseline == "all") return Baselines{.blocking = true, .busy = true};
+  return Invalid(absl::StrCat("unknown --baseline='", baseline, "'"),
+                 "write --baseline=tcp (kernel TCP, blocking calls), tcp-busy (kernel TCP "
+                 "busy-polled: non-blocking calls in a loop, SO_BUSY_POLL), all (both), or "
+                 "leave it out");
 }
 
-// Kernel TCP alone, or the provider in each mode (then the baseline).
+Transport KernelTcp(bool busy) {
+  Transport t;
+  t.name = busy ? "tcp-busy" : "tcp";
+  t.mode = "kernel";
+  t.ops = busy ? &KernelTcpBusyOps() : &KernelTcpOps();
+  return t;
+}
+
+// Kernel TCP alone, or the provider in each mode; then the baselines.
 absl::Status ResolveTransports(const RawOptions& raw, const std::vector<std::string>& modes,
-                               bool baseline, Options* opt) {
-  Transport tcp;
-  tcp.name = "tcp";
-  tcp.mode = "kernel";
-  tcp.ops = &KernelTcpOps();
+                               Baselines baselines, Options* opt) {
   if (raw.provider.empty()) {
     return Invalid("--provider is empty",
-                   "name a provider config (e.g. unet, ofi:tcp;ofi_rxm, ucx:tcp) or tcp for "
-                   "kernel TCP alone");
+                   "name a provider config (e.g. unet, ofi:tcp;ofi_rxm, ucx:tcp), or tcp or "
+                   "tcp-busy for kernel TCP alone");
   }
-  if (raw.provider == "tcp") {
-    if (baseline) {
-      return Invalid("--provider=tcp with --baseline=tcp would measure kernel TCP twice",
+  if (raw.provider == "tcp" || raw.provider == "tcp-busy") {
+    const bool busy = raw.provider == "tcp-busy";
+    if ((busy && baselines.busy) || (!busy && baselines.blocking)) {
+      return Invalid(absl::StrCat("--provider=", raw.provider, " with --baseline=", raw.baseline,
+                                  " would measure ", raw.provider, " twice"),
                      "drop --baseline, or name a zsock provider in --provider");
     }
-    opt->transports.push_back(tcp);
-    return absl::OkStatus();
+    opt->transports.push_back(KernelTcp(busy));
+  } else {
+    // The registry's own error for a name no provider answers to.
+    FabricSpec spec;
+    auto provider = FindProvider(raw.provider, &spec);
+    if (!provider.ok()) {
+      return absl::Status(provider.status().code(),
+                          absl::StrCat(provider.status().message(),
+                                       "; or --provider=tcp for kernel TCP alone"));
+    }
+    auto ops = ZsockOps();
+    if (!ops.ok()) return ops.status();
+    for (const std::string& m : modes) {
+      Transport t;
+      t.name = raw.provider;
+      t.mode = m;
+      t.ops = *ops;
+      t.env = {{"ZSOCK_PROVIDER", raw.provider}, {"ZSOCK_MODE", m}};
+      opt->transports.push_back(std::move(t));
+    }
   }
-  // The registry's own error for a name no provider answers to.
-  FabricSpec spec;
-  auto provider = FindProvider(raw.provider, &spec);
-  if (!provider.ok()) {
-    return absl::Status(provider.status().code(),
-                        absl::StrCat(provider.status().message(),
-                                     "; or --provider=tcp for kernel TCP alone"));
-  }
-  auto ops = ZsockOps();
-  if (!ops.ok()) return ops.status();
-  for (const std::string& m : modes) {
-    Transport t;
-    t.name = raw.provider;
-    t.mode = m;
-    t.ops = *ops;
-    t.env = {{"ZSOCK_PROVIDER", raw.provider}, {"ZSOCK_MODE", m}};
+  for (bool busy : {false, true}) {
+    if (busy ? !baselines.busy : !baselines.blocking) continue;
+    Transport t = KernelTcp(busy);
+    t.is_baseline = true;
     opt->transports.push_back(std::move(t));
-  }
-  if (baseline) {
-    tcp.is_baseline = true;
-    opt->transports.push_back(tcp);
   }
   return absl::OkStatus();
 }

@@ -100,7 +100,9 @@ std::string TestFile(Test test, absl::string_view ext) {
 }
 
 std::string CurveTitle(const Record& r) {
-  return r.transport == "tcp" ? "kernel TCP" : absl::StrCat(r.transport, " ", r.mode);
+  if (r.transport == "tcp") return "kernel TCP";
+  if (r.transport == "tcp-busy") return "kernel TCP busy-polled";
+  return absl::StrCat(r.transport, " ", r.mode);
 }
 
 // The curves (transport x mode, in the order they ran, with their titles),

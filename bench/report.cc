@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -74,7 +75,13 @@ std::vector<const Record*> TableOrder(Param param, const std::vector<Record>& re
   return rows;
 }
 
-std::vector<std::string> TableRow(Param param, bool any_ratio, const Record& r) {
+// Which ratio columns a table has: one per baseline that gave a ratio.
+struct RatioColumns {
+  bool tcp = false;
+  bool tcp_busy = false;
+};
+
+std::vector<std::string> TableRow(Param param, RatioColumns ratios, const Record& r) {
   auto num = [](const std::optional<double>& v) {
     return v ? absl::StrFormat("%.2f", *v) : std::string("-");
   };
@@ -86,7 +93,11 @@ std::vector<std::string> TableRow(Param param, bool any_ratio, const Record& r) 
   row.push_back(num(r.lat_us_avg));
   row.push_back(absl::StrFormat("%.3f", r.bw_gbps));
   row.push_back(absl::StrFormat("%.3f", r.msg_rate / 1e6));
-  if (any_ratio) row.push_back(r.vs_tcp ? absl::StrFormat("%.2fx", *r.vs_tcp) : "-");
+  auto ratio = [](const std::optional<double>& v) {
+    return v ? absl::StrFormat("%.2fx", *v) : std::string("-");
+  };
+  if (ratios.tcp) row.push_back(ratio(r.vs_tcp));
+  if (ratios.tcp_busy) row.push_back(ratio(r.vs_tcp_busy));
   return row;
 }
 
@@ -162,23 +173,28 @@ std::string RecordToJson(const Record& r) {
   if (r.clients) absl::StrAppend(&out, ",\"clients\":", *r.clients);
   if (r.streams) absl::StrAppend(&out, ",\"streams\":", *r.streams);
   if (r.vs_tcp) absl::StrAppend(&out, ",\"vs_tcp\":", JsonNumber(*r.vs_tcp));
+  if (r.vs_tcp_busy) absl::StrAppend(&out, ",\"vs_tcp_busy\":", JsonNumber(*r.vs_tcp_busy));
   return out + "}";
 }
 
 std::string FormatTable(Test test, const std::vector<Record>& records) {
   const Param param = internal::TestParam(test);
   const std::vector<const Record*> rows = TableOrder(param, records);
-  bool any_ratio = false;
-  for (const Record* r : rows) any_ratio |= r->vs_tcp.has_value();
+  RatioColumns ratios;
+  for (const Record* r : rows) {
+    ratios.tcp |= r->vs_tcp.has_value();
+    ratios.tcp_busy |= r->vs_tcp_busy.has_value();
+  }
 
   std::vector<std::string> header = {"test", "transport", "mode", "size"};
   if (param != Param::kNone) header.push_back(ParamName(param));
   for (const char* h : {"iters", "p50_us", "p99_us", "avg_us", "GB/s", "Mmsg/s"}) {
     header.push_back(h);
   }
-  if (any_ratio) header.push_back("vs_tcp");
+  if (ratios.tcp) header.push_back("vs_tcp");
+  if (ratios.tcp_busy) header.push_back("vs_tcp_busy");
   std::vector<std::vector<std::string>> cells = {header};
-  for (const Record* r : rows) cells.push_back(TableRow(param, any_ratio, *r));
+  for (const Record* r : rows) cells.push_back(TableRow(param, ratios, *r));
   return AlignColumns(cells);
 }
 
@@ -196,21 +212,26 @@ std::optional<int64_t> ParamValue(Param param, const Record& r) {
 }
 
 void AddBaselineRatios(const Options& options, std::vector<Record>* records) {
-  std::map<PointKey, const Record*> base;
-  for (const Record& r : *records) {
-    if (r.transport == "tcp") base[KeyOf(r)] = &r;
+  std::set<std::string> baselines;
+  for (const Transport& t : options.transports) {
+    if (t.is_baseline) baselines.insert(t.name);
   }
-  bool have_baseline = false;
-  for (const Transport& t : options.transports) have_baseline |= t.is_baseline;
-  if (!have_baseline) return;
-  for (Record& r : *records) {
-    if (r.transport == "tcp") continue;
-    auto it = base.find(KeyOf(r));
-    if (it == base.end()) continue;
-    double mine = PrimaryValue(options.test, r);
-    double theirs = PrimaryValue(options.test, *it->second);
-    if (mine <= 0 || theirs <= 0) continue;
-    r.vs_tcp = TestMetric(options.test) == Metric::kLatency ? theirs / mine : mine / theirs;
+  for (const Transport& baseline : options.transports) {
+    if (!baseline.is_baseline) continue;
+    std::map<PointKey, const Record*> base;
+    for (const Record& r : *records) {
+      if (r.transport == baseline.name) base[KeyOf(r)] = &r;
+    }
+    for (Record& r : *records) {
+      if (baselines.count(r.transport) != 0) continue;
+      auto it = base.find(KeyOf(r));
+      if (it == base.end()) continue;
+      double mine = PrimaryValue(options.test, r);
+      double theirs = PrimaryValue(options.test, *it->second);
+      if (mine <= 0 || theirs <= 0) continue;
+      double ratio = TestMetric(options.test) == Metric::kLatency ? theirs / mine : mine / theirs;
+      (baseline.name == "tcp-busy" ? r.vs_tcp_busy : r.vs_tcp) = ratio;
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 // zsock_bench's results: one Record per measured point, its JSON line, the
-// aligned table, and the ratio of each point to the kernel TCP baseline's.
+// aligned table, and the ratio of each point to the kernel TCP baselines'.
 // plot.h draws the same records.
 #ifndef ZSOCK_BENCH_REPORT_H_
 #define ZSOCK_BENCH_REPORT_H_
@@ -28,9 +28,10 @@ struct Record {
   double msg_rate = 0;  // messages (connect: connections) per second
   double seconds = 0;   // timed interval
   std::optional<int64_t> compute_us, window, clients, streams;
-  // The measured value over the baseline's at the same point, oriented so
-  // that > 1 is better (latency: tcp / this; rates: this / tcp).
-  std::optional<double> vs_tcp;
+  // The measured value over a baseline's at the same point, oriented so
+  // that > 1 is better (latency: tcp / this; rates: this / tcp): kernel TCP
+  // with blocking calls, and kernel TCP busy-polled.
+  std::optional<double> vs_tcp, vs_tcp_busy;
 };
 
 // The value plotted and compared for `record`'s test.
@@ -47,8 +48,8 @@ namespace internal {
 // The value of the parameter `param` in `record` (nullopt for kNone).
 std::optional<int64_t> ParamValue(Param param, const Record& record);
 
-// Fills vs_tcp of every non-baseline record that has a baseline record at
-// the same point, when `options` ran a baseline.
+// Fills vs_tcp / vs_tcp_busy of every record other than kernel TCP's that
+// has a record of that baseline at the same point, when `options` ran it.
 void AddBaselineRatios(const Options& options, std::vector<Record>* records);
 
 }  // namespace internal

@@ -3,7 +3,7 @@
 // identical code path.
 //
 // Every entry has the libc signature and errno semantics. KernelTcpOps() is
-// libc itself. ZsockOps() is the zsock sockets API (sockets/zsock.h). The
+// libc itself, KernelTcpBusyOps() libc in loops that never sleep. ZsockOps() is the zsock sockets API (sockets/zsock.h). The
 // provider and the data path of a
 // zsock socket are chosen by ZSOCK_PROVIDER and ZSOCK_MODE, which the harness
 // sets in each forked child before its first call through the table.
@@ -43,6 +43,11 @@ struct SockOps {
 
 // Kernel TCP: the libc calls.
 const SockOps& KernelTcpOps();
+
+// Kernel TCP busy-polled (bench/sockops_busy.cc): send, recv and poll spin
+// on non-blocking calls instead of sleeping, with SO_BUSY_POLL set where
+// the kernel permits it. What a latency-minded user of kernel TCP runs.
+const SockOps& KernelTcpBusyOps();
 
 // The zsock sockets API (bench/zsock_ops.cc). A StatusOr so that a build
 // of the harness without the sockets layer can say so; this one has it.

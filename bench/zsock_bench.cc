@@ -3,7 +3,7 @@
 // kernel TCP.
 //
 //   bazel run -c opt //bench:zsock_bench -- --test=pingpong --provider=unet
-//       --mode=all --sizes=8,64K,1M --baseline=tcp --json=out.json --plot=plots
+//       --mode=all --sizes=8,64K,1M --baseline=all --json=out.json --plot=plots
 //
 // docs/benchmarks.md describes every test, the JSON schema and the plots.
 #include <unistd.h>
@@ -26,13 +26,15 @@ ABSL_FLAG(std::string, test, "",
           "pingpong | stream | overlap | pagefault | hotspot | multistream | fanin | fanout | "
           "msgrate | connect");
 ABSL_FLAG(std::string, provider, "tcp",
-          "zsock provider config string (unet, ofi:tcp;ofi_rxm, ucx:tcp, ...), or tcp for "
-          "kernel TCP alone");
+          "zsock provider config string (unet, ofi:tcp;ofi_rxm, ucx:tcp, ...), or tcp / "
+          "tcp-busy for kernel TCP alone");
 ABSL_FLAG(std::string, mode, "all",
           "zsock data path: bcopy | zcopy | azcopy | all (or a comma list); ignored for tcp");
 ABSL_FLAG(std::string, sizes, "",
           "message sizes, e.g. 8,64,4K,1M (default: the test's, see docs/benchmarks.md)");
-ABSL_FLAG(std::string, baseline, "", "tcp: also run the identical test over kernel TCP");
+ABSL_FLAG(std::string, baseline, "",
+          "also run the identical test over kernel TCP: tcp (blocking calls), tcp-busy "
+          "(busy-polled), all (both)");
 ABSL_FLAG(std::string, json, "", "write one JSON object per measured point to this file");
 ABSL_FLAG(std::string, plot, "", "draw PNG figures (gnuplot) into this directory");
 ABSL_FLAG(std::string, compute_us, "", "overlap: busy computation between sends, us (list)");
@@ -60,8 +62,9 @@ namespace {
 void SetUsage() {
   std::string usage =
       "socket benchmarks over zsock and kernel TCP.\n"
-      "  zsock_bench --test=T [--provider=P] [--mode=M] [--sizes=LIST] [--baseline=tcp]\n"
-      "              [--json=FILE] [--plot=DIR]\ntests:\n";
+      "  zsock_bench --test=T [--provider=P] [--mode=M] [--sizes=LIST]\n"
+      "              [--baseline=tcp|tcp-busy|all]"
+      " [--json=FILE] [--plot=DIR]\ntests:\n";
   for (Test t : AllTests()) {
     absl::StrAppend(&usage, "  ", TestName(t), ": ", TestDescription(t), "\n");
   }
@@ -95,8 +98,14 @@ RawOptions RawFromFlags() {
 void PrintHeader(const Options& options) {
   std::vector<std::string> names;
   for (const Transport& t : options.transports) {
-    names.push_back(t.name == "tcp" ? "kernel TCP (TCP_NODELAY)"
-                                    : absl::StrCat(t.name, " ", t.mode));
+    if (t.name == "tcp") {
+      names.push_back("kernel TCP (TCP_NODELAY, blocking calls)");
+    } else if (t.name == "tcp-busy") {
+      names.push_back("kernel TCP busy-polled (TCP_NODELAY, non-blocking calls in a loop, "
+                      "SO_BUSY_POLL where permitted)");
+    } else {
+      names.push_back(absl::StrCat(t.name, " ", t.mode));
+    }
   }
   const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   std::printf("# zsock_bench --test=%s: %s\n", std::string(TestName(options.test)).c_str(),

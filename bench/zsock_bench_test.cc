@@ -225,6 +225,38 @@ TEST(ZsockBench, RatiosAgainstTheBaseline) {
   EXPECT_TRUE(absl::StrContains(FormatTable(TestKind::kPingpong, res.records), "vs_tcp"));
 }
 
+TEST(ZsockBench, RatiosAgainstBothBaselines) {
+  // As above, with both kernel TCP baselines: the twin gets a ratio to each,
+  // in the table and the JSON; the baselines get none.
+  RawOptions raw = Small("pingpong");
+  raw.baseline = "tcp-busy";
+  Options o = MustParse(raw);  // kernel TCP measured, busy-polled as baseline
+  ASSERT_EQ(o.transports.size(), 2u);
+  EXPECT_EQ(o.transports[1].name, "tcp-busy");
+  EXPECT_EQ(o.transports[1].ops, &KernelTcpBusyOps());
+  o.sizes = {8};
+  Transport twin = o.transports[0];
+  twin.name = "loopback-twin";
+  twin.mode = "bcopy";
+  o.transports[0].is_baseline = true;
+  o.transports.insert(o.transports.begin(), twin);
+  BenchResult res = RunBench(o);
+  ASSERT_TRUE(res.failures.empty()) << res.failures[0];
+  ASSERT_EQ(res.records.size(), 3u);
+  EXPECT_EQ(res.records[0].transport, "loopback-twin");
+  ASSERT_TRUE(res.records[0].vs_tcp.has_value());
+  ASSERT_TRUE(res.records[0].vs_tcp_busy.has_value());
+  EXPECT_GT(*res.records[0].vs_tcp_busy, 0);
+  for (int i : {1, 2}) {
+    EXPECT_FALSE(res.records[i].vs_tcp.has_value()) << res.records[i].transport;
+    EXPECT_FALSE(res.records[i].vs_tcp_busy.has_value()) << res.records[i].transport;
+  }
+  EXPECT_TRUE(absl::StrContains(RecordToJson(res.records[0]), "\"vs_tcp_busy\":"));
+  const std::string table = FormatTable(TestKind::kPingpong, res.records);
+  EXPECT_TRUE(absl::StrContains(table, "vs_tcp_busy")) << table;
+  EXPECT_TRUE(absl::StrContains(table, "tcp-busy")) << table;
+}
+
 // ---- broken transports ----
 
 ssize_t CorruptingSend(int fd, const void* buf, size_t len, int flags) {
@@ -315,7 +347,10 @@ TEST(ZsockBench, BadFlagsAreClearErrors) {
       {[](RawOptions& r) { r.provider = ""; }, "--provider is empty"},
       {[](RawOptions& r) { r.mode = "fastest"; }, "unknown --mode='fastest'"},
       {[](RawOptions& r) { r.baseline = "udp"; }, "unknown --baseline='udp'"},
-      {[](RawOptions& r) { r.baseline = "tcp"; }, "measure kernel TCP twice"},
+      {[](RawOptions& r) { r.baseline = "tcp"; }, "would measure tcp twice"},
+      {[](RawOptions& r) { r.provider = "tcp-busy"; r.baseline = "all"; },
+       "would measure tcp-busy twice"},
+      {[](RawOptions& r) { r.baseline = "busy"; }, "unknown --baseline='busy'"},
       {[](RawOptions& r) { r.window = "4"; }, "--window applies to --test=pagefault"},
       {[](RawOptions& r) { r.clients = "4"; }, "--clients applies to"},
       {[](RawOptions& r) { r.test = "hotspot"; r.clients = "0"; }, "bad --clients='0'"},
@@ -355,6 +390,15 @@ TEST(ZsockBench, ZsockProviderResolvesToTheSocketsApi) {
   EXPECT_EQ(o->transports[1].mode, "zcopy");
   EXPECT_EQ(o->transports[2].name, "tcp");
   EXPECT_TRUE(o->transports[2].is_baseline);
+
+  raw.baseline = "all";
+  o = ParseOptions(raw);
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->transports.size(), 4u);
+  EXPECT_EQ(o->transports[2].name, "tcp");
+  EXPECT_EQ(o->transports[3].name, "tcp-busy");
+  EXPECT_TRUE(o->transports[3].is_baseline);
+  EXPECT_EQ(o->transports[3].ops, &KernelTcpBusyOps());
 }
 
 // --stats: each zsock end prints its connection's counters after the point

@@ -3,7 +3,8 @@
 # on this machine:
 #
 #   1. SDP sockets (zsock_bench over the zs_* API) on unet in every mode
-#      beside kernel TCP in the same invocation: pingpong, stream, msgrate;
+#      beside kernel TCP, blocking and busy-polled, in the same invocation:
+#      pingpong, stream, msgrate;
 #   2. the peers a user would pick instead (bench/compare_peers.sh):
 #      kernel TCP, fi_pingpong (shm, tcp;ofi_rxm), ucx_perftest (posix/cma,
 #      tcp), beside zsock;
@@ -80,16 +81,16 @@ run() {  # name, then the command; keeps its stdout for the page
 }
 
 run pingpong "$bench" --test=pingpong --provider=unet --mode=all --sizes="$sizes" \
-  --baseline=tcp --json="$out/pingpong.json" --plot="$out"
+  --baseline=all --json="$out/pingpong.json" --plot="$out"
 # stream: 1 GiB per point, zsock_bench's default (256 MiB with --quick),
 # so that a point at 1 MiB outlasts one of the VM's scheduling spells.
 run stream "$bench" --test=stream --provider=unet --mode=all --sizes="$sizes" \
-  --bytes="$stream_bytes" --baseline=tcp --json="$out/stream.json" --plot="$out"
+  --bytes="$stream_bytes" --baseline=all --json="$out/stream.json" --plot="$out"
 # msgrate: 500,000 messages per point (100,000 with --quick), for the same
 # reason: at several million messages a second, 100,000 are over within
 # one spell.
 run msgrate "$bench" --test=msgrate --provider=unet --mode=bcopy --sizes=8,64 \
-  --iters="$msgrate_iters" --baseline=tcp --json="$out/msgrate.json" --plot="$out"
+  --iters="$msgrate_iters" --baseline=all --json="$out/msgrate.json" --plot="$out"
 # AZ-SDP (figures 6-8 of the AZ-SDP paper): 64 KiB goes zero-copy only
 # with the threshold lowered to it (the default is 128K).
 mkdir -p "$out/az"
@@ -169,7 +170,11 @@ print("- Client and server are separate processes pinned to different cores.\n")
 
 print("## SDP sockets on unet beside kernel TCP\n")
 print("`zsock_bench` over the `zs_*` API (docs/benchmarks.md explains each test"
-      " and the columns); `tcp` rows are kernel TCP (TCP_NODELAY) in the same run.\n")
+      " and the columns). Two kernel TCP baselines ran in the same invocation, both"
+      " TCP_NODELAY: `tcp` with blocking calls (a waiting receiver sleeps and is woken),"
+      " `tcp-busy` busy-polled (non-blocking calls in a loop, SO_BUSY_POLL; a core per"
+      " waiting process). `vs_tcp` and `vs_tcp_busy` are zsock over each"
+      " (docs/benchmarks.md, \"The two kernel TCP baselines\").\n")
 for name, title in (("pingpong", "Ping-pong (one-way latency)"),
                     ("stream", "Stream (uni-directional throughput)"),
                     ("msgrate", "Message rate")):
