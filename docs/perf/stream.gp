@@ -1,4 +1,4 @@
-# zsock_bench stream: the layout of the AZ-SDP paper, fig. 6b. Redraw with: gnuplot stream.gp
+# zsock_bench stream: the layout of the AZ-SDP paper's fig. 6b. Redraw with: gnuplot stream.gp
 set terminal pngcairo size 560,440 enhanced font ",10"
 set output "stream.png"
 set grid
@@ -9,8 +9,9 @@ set xtics ("8" 8, "64" 64, "1K" 1024, "4K" 4096, "64K" 65536, "1M" 1.04858e+06)
 set xrange [5.714285714:1468006.4]
 set yrange [0:*]
 set ylabel "throughput (10^9 bytes/s)"
-set title "Uni-directional throughput (AZ-SDP paper fig. 6b)" noenhanced
+set title "Uni-directional throughput (the AZ-SDP paper's fig. 6b)" noenhanced
 plot "stream.dat" index 0 using 1:2 with linespoints lw 2 title "unet bcopy" noenhanced, \
      "stream.dat" index 1 using 1:2 with linespoints lw 2 title "unet zcopy" noenhanced, \
      "stream.dat" index 2 using 1:2 with linespoints lw 2 title "unet azcopy" noenhanced, \
-     "stream.dat" index 3 using 1:2 with linespoints lw 2 title "kernel TCP" noenhanced
+     "stream.dat" index 3 using 1:2 with linespoints lw 2 title "kernel TCP" noenhanced, \
+     "stream.dat" index 4 using 1:2 with linespoints lw 2 title "kernel TCP busy-polled" noenhanced

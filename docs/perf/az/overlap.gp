@@ -1,9 +1,9 @@
-# zsock_bench overlap: the layout of the AZ-SDP paper, fig. 7. Redraw with: gnuplot overlap.gp
+# zsock_bench overlap: the layout of the AZ-SDP paper's fig. 7. Redraw with: gnuplot overlap.gp
 set terminal pngcairo size 1120,440 enhanced font ",10"
 set output "overlap.png"
 set grid
 set key top left
-set multiplot layout 1,2 title "Computation and communication overlap (AZ-SDP paper fig. 7)"
+set multiplot layout 1,2 title "Computation and communication overlap (the AZ-SDP paper's fig. 7)"
 set xlabel "computation between sends (us)"
 set xrange [-10:210]
 set yrange [0:*]

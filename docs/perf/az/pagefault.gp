@@ -1,9 +1,9 @@
-# zsock_bench pagefault: the layout of the AZ-SDP paper, fig. 8. Redraw with: gnuplot pagefault.gp
+# zsock_bench pagefault: the layout of the AZ-SDP paper's fig. 8. Redraw with: gnuplot pagefault.gp
 set terminal pngcairo size 1120,440 enhanced font ",10"
 set output "pagefault.png"
 set grid
 set key top left
-set multiplot layout 1,2 title "Impact of page faults (AZ-SDP paper fig. 8)"
+set multiplot layout 1,2 title "Impact of page faults (the AZ-SDP paper's fig. 8)"
 set logscale x 2
 set xlabel "window size W (transfers between buffer touches)"
 set xrange [0.7142857143:89.6]
