@@ -111,8 +111,12 @@ TEST_P(Sockets, CloseWakesCallsBlockedInOtherThreads) {
         CHECK_C(rn == 0 || (rn == -1 && rerr == EBADF));
         CHECK_C((sn > 0 && sn < 4096) || (sn == -1 && (serr == EBADF || serr == EPIPE)));
         CHECK_C(sent >= 4096);
+        // The closed socket is gone. Its number is free (EBADF) unless a
+        // thread of this process (a provider's own) opened a descriptor
+        // since and got it, which is then no zsock socket (ENOTSOCK): the
+        // kernel reuses the lowest free number.
         char c;
-        CHECK_C(zs_recv(fd, &c, 1, 0) == -1 && errno == EBADF);
+        CHECK_C(zs_recv(fd, &c, 1, 0) == -1 && (errno == EBADF || errno == ENOTSOCK));
         CHECK_C(write(closed.fd[1], "c", 1) == 1);
         return 0;
       });
