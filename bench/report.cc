@@ -216,11 +216,10 @@ void AddBaselineRatios(const Options& options, std::vector<Record>* records) {
   for (const Transport& t : options.transports) {
     if (t.is_baseline) baselines.insert(t.name);
   }
-  for (const Transport& baseline : options.transports) {
-    if (!baseline.is_baseline) continue;
+  for (const std::string& baseline : baselines) {
     std::map<PointKey, const Record*> base;
     for (const Record& r : *records) {
-      if (r.transport == baseline.name) base[KeyOf(r)] = &r;
+      if (r.transport == baseline) base[KeyOf(r)] = &r;
     }
     for (Record& r : *records) {
       if (baselines.count(r.transport) != 0) continue;
@@ -230,7 +229,7 @@ void AddBaselineRatios(const Options& options, std::vector<Record>* records) {
       double theirs = PrimaryValue(options.test, *it->second);
       if (mine <= 0 || theirs <= 0) continue;
       double ratio = TestMetric(options.test) == Metric::kLatency ? theirs / mine : mine / theirs;
-      (baseline.name == "tcp-busy" ? r.vs_tcp_busy : r.vs_tcp) = ratio;
+      (baseline == "tcp-busy" ? r.vs_tcp_busy : r.vs_tcp) = ratio;
     }
   }
 }

@@ -3,10 +3,11 @@
 // identical code path.
 //
 // Every entry has the libc signature and errno semantics. KernelTcpOps() is
-// libc itself, KernelTcpBusyOps() libc in loops that never sleep. ZsockOps() is the zsock sockets API (sockets/zsock.h). The
-// provider and the data path of a
-// zsock socket are chosen by ZSOCK_PROVIDER and ZSOCK_MODE, which the harness
-// sets in each forked child before its first call through the table.
+// libc itself, KernelTcpBusyOps() libc in loops that never sleep.
+// ZsockOps() is the zsock sockets API (sockets/zsock.h). The provider and
+// the data path of a zsock socket are chosen by ZSOCK_PROVIDER and
+// ZSOCK_MODE, which the harness sets in each forked child before its first
+// call through the table.
 #ifndef ZSOCK_BENCH_SOCKOPS_H_
 #define ZSOCK_BENCH_SOCKOPS_H_
 

@@ -13,13 +13,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
 
+#include "bench/clock.h"
 #include "bench/sockops.h"
 
 namespace zsock::bench {
@@ -41,12 +41,6 @@ FdState g_fds[kMaxFd];
 
 FdState* StateOf(int fd) { return fd >= 0 && fd < kMaxFd ? &g_fds[fd] : nullptr; }
 
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
 // Spins `call` (a MSG_DONTWAIT send or recv) until it does not say EAGAIN,
 // or the socket's timeout passes.
 template <typename Call>
@@ -62,14 +56,18 @@ ssize_t Spin(bool nonblocking, int64_t timeout_ns, Call call) {
   }
 }
 
+// Refused without CAP_NET_ADMIN above net.core.busy_read: then the loop
+// alone polls.
+void AskBusyPoll(int fd) {
+  int us = kBusyPollUs;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &us, sizeof(us));
+}
+
 int BusySocket(int domain, int type, int protocol) {
   int fd = ::socket(domain, type, protocol);
   if (fd < 0) return fd;
   if (FdState* s = StateOf(fd)) *s = FdState{.nonblocking = (type & SOCK_NONBLOCK) != 0};
-  int us = kBusyPollUs;
-  // Refused without CAP_NET_ADMIN above net.core.busy_read: then the loop
-  // alone polls.
-  (void)::setsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &us, sizeof(us));
+  AskBusyPoll(fd);
   return fd;
 }
 
@@ -77,10 +75,9 @@ int BusyAccept(int fd, sockaddr* addr, socklen_t* len) {
   int nfd = ::accept(fd, addr, len);
   if (nfd < 0) return nfd;
   // An accepted socket is blocking whatever the listener was, and starts
-  // with no timeouts; it inherits the listener's SO_BUSY_POLL.
+  // with no timeouts.
   if (FdState* s = StateOf(nfd)) *s = FdState{};
-  int us = kBusyPollUs;
-  (void)::setsockopt(nfd, SOL_SOCKET, SO_BUSY_POLL, &us, sizeof(us));
+  AskBusyPoll(nfd);
   return nfd;
 }
 

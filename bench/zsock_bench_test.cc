@@ -204,17 +204,21 @@ TEST(ZsockBench, OverlapPagefaultMsgrateOverTcp) {
   EXPECT_GT(res.records[0].msg_rate, 0);
 }
 
-TEST(ZsockBench, RatiosAgainstTheBaseline) {
-  // A second transport that is kernel TCP under another name stands in for
-  // zsock: its records get vs_tcp, the baseline's do not.
-  Options o = MustParse(Small("pingpong"));
+// `o` with its first transport (kernel TCP) made a baseline and, before
+// it, a copy under another name that stands in for zsock.
+Options WithTwin(Options o) {
   o.sizes = {8};
-  Transport other = o.transports[0];
-  other.name = "loopback-twin";
-  other.mode = "bcopy";
+  Transport twin = o.transports[0];
+  twin.name = "loopback-twin";
+  twin.mode = "bcopy";
   o.transports[0].is_baseline = true;
-  o.transports.insert(o.transports.begin(), other);
-  BenchResult res = RunBench(o);
+  o.transports.insert(o.transports.begin(), twin);
+  return o;
+}
+
+TEST(ZsockBench, RatiosAgainstTheBaseline) {
+  // The twin's records get vs_tcp, the baseline's do not.
+  BenchResult res = RunBench(WithTwin(MustParse(Small("pingpong"))));
   ASSERT_TRUE(res.failures.empty()) << res.failures[0];
   ASSERT_EQ(res.records.size(), 2u);
   EXPECT_EQ(res.records[0].transport, "loopback-twin");
@@ -234,13 +238,7 @@ TEST(ZsockBench, RatiosAgainstBothBaselines) {
   ASSERT_EQ(o.transports.size(), 2u);
   EXPECT_EQ(o.transports[1].name, "tcp-busy");
   EXPECT_EQ(o.transports[1].ops, &KernelTcpBusyOps());
-  o.sizes = {8};
-  Transport twin = o.transports[0];
-  twin.name = "loopback-twin";
-  twin.mode = "bcopy";
-  o.transports[0].is_baseline = true;
-  o.transports.insert(o.transports.begin(), twin);
-  BenchResult res = RunBench(o);
+  BenchResult res = RunBench(WithTwin(o));
   ASSERT_TRUE(res.failures.empty()) << res.failures[0];
   ASSERT_EQ(res.records.size(), 3u);
   EXPECT_EQ(res.records[0].transport, "loopback-twin");
