@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/log.h"
+#include "core/modules.h"
 #include "core/mutex.h"
 #include "core/status.h"
 
@@ -33,6 +34,10 @@ std::vector<ConfigKeyInfo>* MutableKeys() {
       {"provider", ConfigType::kString, "unet",
        "fabric opened by default: provider[:spec][?key=value&...], e.g. unet, "
        "ofi:tcp;ofi_rxm, ucx:posix,cma"},
+      {"provider_path", ConfigType::kString, "",
+       "directories searched for provider modules (libzsock-<name>.so), separated "
+       "by ':'; empty: <directory of libzsock.so.1>/zsock/prov (read from "
+       "ZSOCK_PROVIDER_PATH at start-up only; core/modules.h)"},
       {"log_level", ConfigType::kEnum, "warn", "logging threshold",
        {"error", "warn", "info", "debug", "trace"}},
       {"spin_us", ConfigType::kInt, "20",
@@ -337,6 +342,9 @@ void Config::AddToGlobal(const ConfigKeyInfo& key) {
 
 const absl::StatusOr<Config>& Config::Global() {
   static const bool loaded = [] {
+    // Modules register configuration keys (ZSOCK_OFI_*, ...) as they load:
+    // validating the environment before would reject them.
+    LoadProviderModules();
     LoadGlobal();
     return true;
   }();

@@ -173,11 +173,16 @@ ZSOCK_NO_SANITIZE void* ResolveNext(void** cache, const char* name,
   return fn;
 }
 
-// Resolves everything once, from the executable's .preinit_array: before
-// any shared library's initializer runs, so that dlsym normally never runs
-// inside an interposer. (Before this, only the dynamic loader and a
-// sanitizer runtime's initializer can release memory.)
+// Resolves everything once, as early as possible, so that dlsym normally
+// never runs inside an interposer: from the executable's .preinit_array
+// (memhooks_preinit.cc, before any shared library's initializer) when the
+// hooks are linked into the executable, or from this constructor when they
+// are in libzsock.so.1 (a shared object has no .preinit_array; the
+// libraries initialized before it resolve lazily, see free()).
 ZSOCK_NO_SANITIZE void ResolveAllNext(int, char**, char**) {
+  static bool done = false;  // the main thread only: preinit, then constructor
+  if (done) return;
+  done = true;
   t_thread_ready = true;  // the main thread
   ResolveNext(&g_real_free, "free");
   ResolveNext(&g_real_realloc, "realloc");
@@ -193,8 +198,17 @@ ZSOCK_NO_SANITIZE void ResolveAllNext(int, char**, char**) {
   }
 }
 
-__attribute__((section(".preinit_array"), used)) void (*const
-    kResolveAllNext)(int, char**, char**) = &ResolveAllNext;
+__attribute__((constructor(101))) ZSOCK_NO_SANITIZE void ResolveAllNextAtLoad() {
+  ResolveAllNext(0, nullptr, nullptr);
+}
+
+}  // namespace
+
+// For memhooks_preinit.cc.
+extern void (*const kMemhooksResolveAll)(int, char**, char**);
+void (*const kMemhooksResolveAll)(int, char**, char**) = &ResolveAllNext;
+
+namespace {
 
 bool EnvEnabled() {
   int state = g_env_state.load(std::memory_order_relaxed);

@@ -17,8 +17,11 @@
 // disable the interposers (then callers must call
 // RegistrationCache::Invalidate themselves before releasing memory).
 //
-// The interposers must be linked into the executable (core:memhooks is
-// linkstatic and alwayslink). Not reported: memory released by libc
+// The interposers must come before libc in the process's symbol lookup
+// order: linked into the executable (core:memhooks is linkstatic and
+// alwayslink), or in libzsock.so.1 when the executable links it (its
+// DT_NEEDED entries precede libc's). A libzsock loaded by dlopen() is not in
+// effect (MemoryHooksActive() is false). Not reported: memory released by libc
 // internally without going through these symbols (e.g. a malloc arena
 // trimmed by brk/madvise, only ever pages whose blocks were already
 // reported free), mmap(MAP_FIXED) or shmat(SHM_REMAP) over existing memory,

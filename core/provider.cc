@@ -7,12 +7,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/config.h"
 #include "core/mutex.h"
 #include "core/emulation.h"
+#include "core/modules.h"
 #include "core/rcache.h"
 #include "core/status.h"
 
@@ -150,11 +152,19 @@ Registry& GetRegistry() {
 bool RegisterProvider(ProviderInfo info) {
   Registry& r = GetRegistry();
   MutexLock lock(&r.mu);
+  for (const auto& p : r.providers) {
+    if (p->name == info.name) return false;
+  }
   r.providers.push_back(std::make_unique<ProviderInfo>(std::move(info)));
   return true;
 }
 
 std::vector<const ProviderInfo*> RegisteredProviders() {
+  LoadProviderModules();
+  return ProvidersRegisteredSoFar();
+}
+
+std::vector<const ProviderInfo*> ProvidersRegisteredSoFar() {
   Registry& r = GetRegistry();
   MutexLock lock(&r.mu);
   std::vector<const ProviderInfo*> out;
@@ -177,9 +187,26 @@ absl::StatusOr<const ProviderInfo*> FindProvider(absl::string_view config, Fabri
     }
     names.push_back(p->name);
   }
+  const ModuleScan& modules = LoadProviderModules();
+  const std::string module_name = absl::StrCat("/libzsock-", spec->provider, ".so");
+  for (const ProviderModule& m : modules.modules) {
+    if (!m.loaded && absl::EndsWith(m.path, module_name)) {
+      return MakeError(absl::StatusCode::kUnavailable, 0,
+                       absl::StrCat("provider '", spec->provider, "' is in module ", m.path,
+                                    ", which failed to load: ", m.error),
+                       "install the library the message names (Debian: libfabric1 for ofi, "
+                       "libucx0 for ucx, libibverbs1 and librdmacm1 for verbs), or choose "
+                       "another provider (zsock_info lists them)");
+    }
+  }
+  std::string where = "built into this binary";
+  if (modules.enabled) {
+    where = absl::StrCat("built in or found as modules in ", absl::StrJoin(modules.dirs, ":"),
+                         " (", modules.dirs_source, ")");
+  }
   return MakeError(absl::StatusCode::kNotFound, 0,
                    absl::StrCat("unknown provider '", spec->provider, "' in '", text, "'"),
-                   absl::StrCat("use one of the providers built into this binary: ",
+                   absl::StrCat("use one of the providers ", where, ": ",
                                 absl::StrJoin(names, ", "),
                                 " (zsock_info lists them with their status)"));
 }

@@ -374,9 +374,15 @@ struct ProviderInfo {
   std::function<absl::StatusOr<std::unique_ptr<Fabric>>(const FabricSpec&)> open;
 };
 
-// Registers a provider; called from a static initializer in each provider.
+// Registers a provider; called from a static initializer in each provider
+// (built in, or in a module as it is loaded). Returns false, and registers
+// nothing, if a provider of that name is already registered.
 bool RegisterProvider(ProviderInfo info);
+// Every provider: the built-in ones and those of the provider modules,
+// which the first call loads (core/modules.h).
 std::vector<const ProviderInfo*> RegisteredProviders();
+// The providers registered so far, without loading modules.
+std::vector<const ProviderInfo*> ProvidersRegisteredSoFar();
 // The registered provider a config string names (config "" = ZSOCK_PROVIDER /
 // the config file), without opening it; NotFound names the providers built
 // into this binary. Fabric::Open uses it, so the messages are the same.

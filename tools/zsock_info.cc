@@ -1,6 +1,8 @@
-// zsock_info: lists every provider built into zsock with its capabilities,
-// or why it is unavailable and what to do; --config prints the effective
-// configuration and where each value came from.
+// zsock_info: lists every provider of this zsock (built in, or a loaded
+// provider module) with its capabilities, or why it is unavailable and what
+// to do, and which provider modules were found or failed to load and why;
+// --config prints the effective configuration and where each value came
+// from.
 //
 //   bazel run //tools:zsock_info
 //   bazel run //tools:zsock_info -- --config
@@ -13,6 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
 #include "core/config.h"
+#include "core/modules.h"
 #include "core/provider.h"
 
 ABSL_FLAG(bool, config, false, "print the effective configuration and its sources");
@@ -72,19 +75,30 @@ int Main(int argc, char** argv) {
     PrintCaps(only);
     return 0;
   }
-  std::printf("default provider: %s (from %s)\n\n", config->GetString("provider").c_str(),
+  std::printf("zsock %s\ndefault provider: %s (from %s)\n\n", Version(), config->GetString("provider").c_str(),
               config->Get("provider").source.c_str());
   for (const ProviderInfo* p : RegisteredProviders()) {
     std::printf("%s: %s\n", p->name.c_str(), p->description.c_str());
     for (const auto& c : p->configurations) PrintCaps(c);
     std::printf("\n");
   }
-  for (const char* missing : {"ofi", "ucx", "verbs"}) {
-    bool built = false;
-    for (const ProviderInfo* p : RegisteredProviders()) built |= (p->name == missing);
-    if (!built) {
-      std::printf("%s: not built into this zsock yet (see the project's open issues)\n\n", missing);
+  const ModuleScan& scan = LoadProviderModules();
+  if (scan.enabled) {
+    std::printf("provider modules: %s (%s)\n", absl::StrJoin(scan.dirs, ":").c_str(),
+                scan.dirs_source.c_str());
+    if (scan.modules.empty()) std::printf("  none found\n");
+    for (const ProviderModule& m : scan.modules) {
+      if (!m.loaded) {
+        std::printf("  %s: FAILED TO LOAD: %s\n", m.path.c_str(), m.error.c_str());
+      } else if (m.providers.empty()) {
+        std::printf("  %s: loaded, %s\n", m.path.c_str(), m.error.c_str());
+      } else {
+        std::printf("  %s: loaded (%s)\n", m.path.c_str(),
+                    absl::StrJoin(m.providers, ", ").c_str());
+      }
     }
+  } else {
+    std::printf("provider modules: not used by this build (providers linked in)\n");
   }
   return 0;
 }
