@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -29,7 +31,12 @@ std::string DefaultModuleDir() {
   if (dladdr(reinterpret_cast<void*>(&Anchor), &info) == 0 || info.dli_fname == nullptr) {
     return "";
   }
+  // The loader's name for libzsock may hold "bin/../lib" (RUNPATH $ORIGIN).
   std::string self = info.dli_fname;
+  if (char* real = realpath(info.dli_fname, nullptr)) {
+    self = real;
+    std::free(real);
+  }
   size_t slash = self.rfind('/');
   if (slash == std::string::npos) return "zsock/prov";
   return absl::StrCat(self.substr(0, slash), "/zsock/prov");

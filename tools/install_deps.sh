@@ -11,6 +11,8 @@ packages=(
   clang-14 libclang-rt-14-dev
   # bench: plots (zsock_bench --plot) and the peers of bench/compare_peers.sh
   gnuplot-nox libfabric-bin ucx-utils
+  # tools/package.sh (the Debian package) and the examples built against it
+  dpkg-dev patchelf pkg-config cmake make
 )
 missing=()
 for p in "${packages[@]}"; do

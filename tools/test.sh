@@ -9,6 +9,11 @@
 #   tsan       core, sockets and the provider suites over unet and tcp
 #              under ThreadSanitizer ($TSAN_TARGETS below; --config=tsan)
 #   fuzz       each libFuzzer target for $ZSOCK_FUZZ_SECONDS (default 60)
+#   package    the installed library: tools/package.sh builds the Debian
+#              package, dpkg -i installs it, and tools/package_test.sh
+#              checks its exports, headers and modules and builds and runs
+#              examples/ and tests/package/ against it (one check per
+#              step); the package is removed again at the end
 #   machine    nothing left behind: /dev/shm, network namespaces, processes
 #              (tools/machine_state.sh)
 #   plain      bazel test //... without instrumentation: not in the
@@ -16,11 +21,11 @@
 #              with more checks (docs/decisions/0040-ci-tiers.md)
 #
 # ZSOCK_TEST_TIERS="plain tsan" runs a chosen set (default: asan tsan fuzz
-# machine).
+# package machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || exit 1
-tiers="${ZSOCK_TEST_TIERS:-asan tsan fuzz machine}"
+tiers="${ZSOCK_TEST_TIERS:-asan tsan fuzz package machine}"
 fuzz_secs="${ZSOCK_FUZZ_SECONDS:-60}"
 # What TSan checks: core (CQ, registration cache, locks), the sockets
 # layer over the SDP engine (sockets closed and used from several threads
@@ -74,6 +79,13 @@ if has_tier fuzz; then
   for target in sdp-wire unet-descriptors; do
     check_tier "fuzz-$target" bash tools/fuzz.sh "$target" "$fuzz_secs"
   done
+fi
+if has_tier package; then
+  start=$SECONDS
+  for step in install exports headers modules c-example cpp-example stale-key prefix remove; do
+    check_tier "package-$step" bash tools/package_test.sh "$results/package" "$step"
+  done
+  echo "=== [package] took $((SECONDS - start)) s"
 fi
 has_tier machine && check_tier machine bash tools/machine_state.sh check "$results/state"
 
