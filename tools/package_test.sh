@@ -11,6 +11,10 @@
 #   tools/package_test.sh WORK c-example  examples/c (make, pkg-config) over
 #                                         unet and ofi:tcp;ofi_rxm
 #   tools/package_test.sh WORK cpp-example  examples/cpp (CMake) likewise
+#   tools/package_test.sh WORK missing-libs  a host without UCX, and one
+#                                         without libfabric, UCX and verbs
+#                                         (hidden in a mount namespace): the
+#                                         other providers still work
 #   tools/package_test.sh WORK stale-key  a key is refused after free() in a
 #                                         program linked with -lzsock
 #   tools/package_test.sh WORK prefix     tools/package.sh --prefix, and the
@@ -117,6 +121,46 @@ case "$step" in
     cmake -S examples/cpp -B "$work/cpp" >/dev/null
     cmake --build "$work/cpp"
     run_each arg "$work/cpp/provider_example"
+    ;;
+
+  missing-libs)
+    # Each library is hidden by mounting /dev/null over it in a private
+    # mount namespace: the loader then fails on it as on a host that lacks
+    # it, and nothing outside the namespace is touched.
+    without() {
+      local libs=$1
+      shift
+      local mounts=""
+      for l in $libs; do
+        mounts+="mount --bind /dev/null $(readlink -f "$libdir/$l") && "
+      done
+      unshare -m sh -c "${mounts}exec \"\$@\"" sh "$@"
+    }
+    [ -x "$work/c/zsock_echo" ] || fail "run the c-example step first"
+    # No UCX: the ucx module is reported; unet and ofi work.
+    out=$(without libucp.so.0 zsock_info)
+    grep -q "libzsock-ucx.so: FAILED TO LOAD: .*libucp.so.0" <<<"$out" ||
+      fail "without libucp, zsock_info does not report the ucx module's failure: $out"
+    grep -q "libzsock-ofi.so: loaded (ofi)" <<<"$out" || fail "without libucp, ofi did not load: $out"
+    for p in unet "ofi:tcp;ofi_rxm"; do
+      ZSOCK_PROVIDER=$p without libucp.so.0 timeout 120 "$work/c/zsock_echo" ||
+        fail "without libucp, the C example over $p"
+    done
+    # No libfabric, UCX or verbs libraries: unet and tcp work.
+    hidden="libfabric.so.1 libucp.so.0 libibverbs.so.1"
+    out=$(without "$hidden" zsock_info)
+    for m in ofi ucx verbs; do
+      grep -q "libzsock-$m.so: FAILED TO LOAD: " <<<"$out" ||
+        fail "without $hidden, the $m module's failure is not reported: $out"
+    done
+    out=$(ZSOCK_PROVIDER=ucx:tcp without "$hidden" "$work/c/zsock_echo" 2>&1) &&
+      fail "the C example ran over ucx:tcp without libucp"
+    grep -q "failed to load" <<<"$out" || fail "opening ucx without libucp does not say why: $out"
+    for p in unet tcp; do
+      ZSOCK_PROVIDER=$p without "$hidden" timeout 120 "$work/c/zsock_echo" ||
+        fail "without $hidden, the C example over $p"
+    done
+    echo "  without libucp: ucx reported, unet and ofi work; without libfabric, UCX, verbs: unet and tcp work"
     ;;
 
   stale-key)

@@ -82,7 +82,8 @@ if has_tier fuzz; then
 fi
 if has_tier package; then
   start=$SECONDS
-  for step in install exports headers modules c-example cpp-example stale-key prefix remove; do
+  for step in install exports headers modules c-example cpp-example missing-libs stale-key \
+              prefix remove; do
     check_tier "package-$step" bash tools/package_test.sh "$results/package" "$step"
   done
   echo "=== [package] took $((SECONDS - start)) s"
