@@ -5,7 +5,7 @@
 #
 #   asan       //... under AddressSanitizer and UndefinedBehaviorSanitizer
 #              together (--config=asan_ubsan): every test and every
-#              configuration, instrumented
+#              configuration, instrumented (tests and what they use only)
 #   tsan       core, sockets and the provider suites over unet and tcp
 #              under ThreadSanitizer ($TSAN_TARGETS below; --config=tsan)
 #   fuzz       each libFuzzer target for $ZSOCK_FUZZ_SECONDS (default 60)
@@ -73,12 +73,32 @@ check_tier() {
 
 has_tier machine && bash tools/machine_state.sh snapshot "$results/state"
 has_tier plain && bazel_tier plain //...
-has_tier asan && bazel_tier asan --config=asan_ubsan //...
+# --build_tests_only: the benchmark programs no test runs are built by
+# the package tier (zsock_bench, zsock_info, optimized) and by
+# tools/demo.sh and tools/perf_report.sh, not again under ASan.
+has_tier asan && bazel_tier asan --config=asan_ubsan --build_tests_only //...
 has_tier tsan && bazel_tier tsan --config=tsan --build_tests_only "${TSAN_TARGETS[@]}"
 if has_tier fuzz; then
-  for target in sdp-wire unet-descriptors; do
-    check_tier "fuzz-$target" bash tools/fuzz.sh "$target" "$fuzz_secs"
+  # The fuzzers run side by side: each is one single-threaded process, and
+  # the machine has two cores. Each is counted as its own check.
+  start=$SECONDS
+  fuzz_targets=(sdp-wire unet-descriptors)
+  fuzz_pids=()
+  for target in "${fuzz_targets[@]}"; do
+    bash tools/fuzz.sh "$target" "$fuzz_secs" > "$results/fuzz-$target.log" 2>&1 &
+    fuzz_pids+=("$!")
   done
+  for i in "${!fuzz_targets[@]}"; do
+    target=${fuzz_targets[$i]}
+    wait "${fuzz_pids[$i]}"
+    status=$?
+    echo "=== [fuzz-$target] bash tools/fuzz.sh $target $fuzz_secs"
+    cat "$results/fuzz-$target.log"
+    [ "$status" -eq 0 ] || rc=1
+    python3 tools/count_tests.py --check "fuzz-$target" "$status" \
+      --out "$results/fuzz-$target.counts" || rc=1
+  done
+  echo "=== [fuzz] took $((SECONDS - start)) s"
 fi
 if has_tier package; then
   start=$SECONDS
