@@ -2,7 +2,10 @@
 //
 // Get() returns a registration covering [addr, addr + len) with at least the
 // requested access, reusing a cached one when it covers the range (a hit) and
-// registering page-aligned ranges otherwise (a miss). Unused entries are kept
+// registering page-aligned ranges otherwise (a miss). The region's address
+// and its remote key's address are those of what was registered (a page
+// boundary at or before `addr`, or a larger cached range), not `addr`: a
+// peer must be told `addr` beside the key. Unused entries are kept
 // in LRU order and evicted when the byte or count limit is exceeded; entries
 // still referenced by callers are never deregistered under them.
 //
