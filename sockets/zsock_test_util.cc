@@ -156,25 +156,11 @@ void Sockets::RunPair(std::function<int(int listen_fd)> server,
 
 namespace {
 
-// Whether the sockets suite runs `config` in zcopy and azcopy besides
-// bcopy. The engine's modes over every configuration are //tests:sdp_test's
-// matrix; here, where what is tested is the sockets layer above them, the
-// zero-copy modes run over one provider of each kind of RDMA path (unet:
-// shared memory, tcp: emulated by core, ofi:tcp;ofi_rxm: libfabric's), and
-// over every configuration with ZSOCK_TEST_ALL_MODES=1
-// (docs/decisions/0040-ci-tiers.md).
-bool AllModes(const std::string& config) {
-  if (const char* all = std::getenv("ZSOCK_TEST_ALL_MODES"); all != nullptr && *all == '1') {
-    return true;
-  }
-  return config == "unet" || config == "tcp" || config.rfind("ofi:tcp;ofi_rxm", 0) == 0;
-}
-
 std::vector<Param> Params() {
   std::vector<Param> out;
   for (const auto& c : zsock::ConformanceConfigurations()) {
     out.emplace_back(c, "bcopy");
-    if (!AllModes(c)) continue;
+    if (!zsock::RunsEveryMode(c)) continue;
     for (const char* mode : {"zcopy", "azcopy"}) out.emplace_back(c, mode);
   }
   // ofi:tcp's other wait (its default waits on its sockets), and its

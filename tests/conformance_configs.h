@@ -48,6 +48,20 @@ inline std::vector<std::string> ConformanceConfigurations(std::vector<std::strin
   return out;
 }
 
+// Whether the SDP and sockets suites run `config` in the zero-copy modes
+// (zcopy, azcopy) besides bcopy in their general matrices. Those modes run
+// over one provider of each kind of RDMA path (unet: shared memory, tcp:
+// emulated by core, ofi:tcp;ofi_rxm: libfabric's), and over every
+// configuration with ZSOCK_TEST_ALL_MODES=1; the suites written for the
+// zero-copy modes (sdp_test's SdpAzTest and SdpCancelTest) run them over
+// every configuration (docs/decisions/0040-ci-tiers.md).
+inline bool RunsEveryMode(const std::string& config) {
+  if (const char* all = std::getenv("ZSOCK_TEST_ALL_MODES"); all != nullptr && *all == '1') {
+    return true;
+  }
+  return config == "unet" || config == "tcp" || config.rfind("ofi:tcp;ofi_rxm", 0) == 0;
+}
+
 }  // namespace zsock
 
 #endif  // ZSOCK_TESTS_CONFORMANCE_CONFIGS_H_

@@ -8,7 +8,7 @@
 #              configuration, instrumented (tests and what they use only)
 #   tsan       core, sockets and the provider suites over unet and tcp
 #              under ThreadSanitizer ($TSAN_TARGETS below; --config=tsan)
-#   fuzz       each libFuzzer target for $ZSOCK_FUZZ_SECONDS (default 60)
+#   fuzz       each libFuzzer target for $ZSOCK_FUZZ_SECONDS (default 30)
 #   package    the installed library: tools/package.sh builds the Debian
 #              package, dpkg -i installs it, and tools/package_test.sh
 #              checks its exports, headers and modules and builds and runs
@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || exit 1
 tiers="${ZSOCK_TEST_TIERS:-asan tsan fuzz package machine}"
-fuzz_secs="${ZSOCK_FUZZ_SECONDS:-60}"
+fuzz_secs="${ZSOCK_FUZZ_SECONDS:-30}"
 # What TSan checks: core (CQ, registration cache, locks), the sockets
 # layer over the SDP engine (sockets closed and used from several threads
 # at once) and the conformance suite, over the providers whose threads are
