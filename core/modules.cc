@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
-#include <limits.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -64,11 +63,10 @@ std::vector<std::string> ProviderNames() {
 }
 
 void Scan(ModuleScan* scan) {
-#ifdef ZSOCK_PROVIDER_MODULES
-  scan->enabled = true;
-#else
-  return;
+#ifndef ZSOCK_PROVIDER_MODULES
+  return;  // providers are linked in: scan->enabled stays false
 #endif
+  scan->enabled = true;
   const char* env = std::getenv("ZSOCK_PROVIDER_PATH");
   if (env != nullptr && *env != '\0') {
     scan->dirs_source = "ZSOCK_PROVIDER_PATH";

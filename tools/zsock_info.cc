@@ -75,8 +75,8 @@ int Main(int argc, char** argv) {
     PrintCaps(only);
     return 0;
   }
-  std::printf("zsock %s\ndefault provider: %s (from %s)\n\n", Version(), config->GetString("provider").c_str(),
-              config->Get("provider").source.c_str());
+  std::printf("zsock %s\ndefault provider: %s (from %s)\n\n", Version(),
+              config->GetString("provider").c_str(), config->Get("provider").source.c_str());
   for (const ProviderInfo* p : RegisteredProviders()) {
     std::printf("%s: %s\n", p->name.c_str(), p->description.c_str());
     for (const auto& c : p->configurations) PrintCaps(c);
